@@ -1,0 +1,82 @@
+"""Focused linear attention (FLatten, Han et al. 2023).
+
+phi_p(x) = ||x'|| * x'^p / ||x'^p||  with  x' = (relu(x) + 1e-6) / softplus(s), focusing factor
+p = 3, the norms taken over all channels (as in the official code, before the split into heads),
+plus a learnable positional term added to K, and a depthwise convolution on V (kernel 5, one
+filter per head channel, shared by the heads) whose output is added to the attention output.
+
+ViT adaptation: the positional term and the convolution act on the patch grid only; the class
+(prefix) tokens get neither. Operator-specific parameters start so the operator is its pure
+linear core: the scale s and the positional term at zero (softplus(0) = ln 2, as in FLatten),
+and the convolution zero-initialized (FLatten uses PyTorch's default init there).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import LinearAttention, register_attention
+
+
+@register_attention("focused")
+class FocusedAttention(LinearAttention):
+    eps = 1e-6
+
+    def __init__(self, dim, num_heads=8, *, focusing_factor: float = 3.0, kernel_size: int = 5, **kw):
+        super().__init__(dim, num_heads, **kw)
+        if self.grid_size is None:
+            raise ValueError("attention variant 'focused' needs grid_size (patch rows, cols)")
+        self.focusing_factor = focusing_factor
+        self.scale = nn.Parameter(torch.zeros(1, 1, 1, dim))
+        self.positional_encoding = nn.Parameter(torch.zeros(1, self.grid_size[0] * self.grid_size[1], dim))
+        self.dwc = nn.Conv2d(self.head_dim, self.head_dim, kernel_size, padding=kernel_size // 2,
+                             groups=self.head_dim)
+        nn.init.zeros_(self.dwc.weight)
+        nn.init.zeros_(self.dwc.bias)
+
+    def _merge(self, t):  # (B, H, N, D) -> (B, N, H*D)
+        b, h, n, d = t.shape
+        return t.transpose(1, 2).reshape(b, n, h * d)
+
+    def _split(self, t):  # (B, N, H*D) -> (B, H, N, D)
+        b, n, c = t.shape
+        return t.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
+
+    def _focus(self, x):
+        scale = F.softplus(self.scale).reshape(1, 1, -1)
+        x = (F.relu(x) + 1e-6) / scale
+        norm = x.norm(dim=-1, keepdim=True)
+        xp = x ** self.focusing_factor
+        return xp / xp.norm(dim=-1, keepdim=True) * norm
+
+    def features(self, q, k):
+        # Features are computed over all channels and then split, as FLatten does.
+        q, k = self._merge(q).float(), self._merge(k).float()
+        patches = self.patch_slice(k.shape[1])
+        k = torch.cat([k[:, :patches.start], k[:, patches] + self.positional_encoding.float()], dim=1)
+        return self._split(self._focus(q)), self._split(self._focus(k))
+
+    def _grid(self, v):  # patch tokens of (B, H, N, D) -> (B*H, D, gh, gw)
+        b, h, n, d = v.shape
+        gh, gw = self.grid_size
+        return v[:, :, self.patch_slice(n)].reshape(b * h, gh, gw, d).permute(0, 3, 1, 2)
+
+    def mix(self, v):
+        b, h, n, d = v.shape
+        conv = F.conv2d(self._grid(v), self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype),
+                        padding=self.dwc.padding, groups=self.head_dim)
+        conv = conv.permute(0, 2, 3, 1).reshape(b, h, -1, d)
+        return F.pad(conv, (0, 0, self.num_prefix_tokens, 0))  # prefix tokens get no conv term
+
+    def mix_matrices(self, n):
+        gh, gw = self.grid_size
+        p, d = gh * gw, self.head_dim
+        # Convolve each one-hot patch image to read the band matrix off the layer itself.
+        basis = torch.eye(p, device=self.dwc.weight.device).reshape(p, 1, gh, gw).expand(p, d, gh, gw)
+        cols = F.conv2d(basis, self.dwc.weight.float(), None, padding=self.dwc.padding, groups=d)
+        band = cols.reshape(p, d, p).permute(1, 2, 0)  # (D, out patch, in patch)
+        mix = torch.zeros(d, n, n, device=band.device)
+        mix[:, self.num_prefix_tokens:, self.num_prefix_tokens:] = band
+        bias = torch.zeros(d, n, device=band.device)
+        bias[:, self.num_prefix_tokens:] = self.dwc.bias.float().unsqueeze(1)
+        return mix, bias

@@ -1,0 +1,135 @@
+"""The `linvit` command: one subcommand per pipeline step, so each Snakemake rule also runs by hand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__
+
+
+def _config(args) -> dict:
+    from .config import load_config
+
+    if args.config_json is not None:
+        return load_config(text=args.config_json)
+    if args.config is None:
+        raise ValueError("give --config FILE (or --config-json TEXT)")
+    return load_config(args.config)
+
+
+def _threads(args) -> None:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def cmd_check_config(args):
+    from .config import validate
+    from .grid import all_cells
+
+    config = validate(_config(args))
+    print(f"{args.config}: valid; {len(all_cells(config))} trained models in the grid")
+
+
+def cmd_shards(args):
+    from .steps import run_shards
+
+    info = run_shards(_config(args), args.dataset, args.out)
+    print(f"{args.dataset}: " + ", ".join(f"{s} {v['samples']} samples in {len(v['shards'])} shards"
+                                          for s, v in info["splits"].items()))
+
+
+def cmd_teacher(args):
+    from .steps import run_teacher
+
+    m = run_teacher(_config(args), args.size, args.seed, args.shards, args.out)
+    print(f"teacher {args.size} seed {args.seed}: test accuracy {m['test_acc']:.4f} after {m['steps']} steps")
+
+
+def cmd_distill(args):
+    from .steps import run_distill
+
+    m = run_distill(_config(args), args.dataset, args.size, args.variant, args.seed, args.teacher,
+                    args.shards, args.out)
+    print(f"distilled {args.variant}: {m['loss']} loss {m['distill_loss']:.5f} on the probe batch")
+
+
+def cmd_student(args):
+    from .steps import run_student
+
+    m = run_student(_config(args), args.dataset, args.size, args.variant, args.init, args.seed, args.teacher,
+                    args.shards, args.out, distilled_dir=args.distilled)
+    print(f"{args.dataset}/{args.size}/{args.variant}/{args.init}/seed{args.seed}: "
+          f"test accuracy {m['test_acc']:.4f} after {m['steps']} steps")
+
+
+def cmd_evaluate(args):
+    from .steps import run_evaluate
+
+    r = run_evaluate(_config(args), args.run, args.teacher, args.shards, args.out)
+    print(f"{args.run}: fidelity KL {r['fidelity_kl_mean']:.4f}, {r['params']} parameters, "
+          f"{r['throughput_img_s']:.0f} images/s")
+
+
+def cmd_report(args):
+    from .report.render import write_report
+
+    paths = write_report(_config(args), args.results, args.out)
+    print(f"report: wrote {len(paths)} files under {args.out}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="linvit", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"linvit {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name, fn, help, *args):
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--config", help="config file (YAML or JSON)")
+        p.add_argument("--config-json", help="the config as JSON text (what the workflow passes)")
+        p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+        for a in args:
+            p.add_argument(f"--{a}", required=a not in ("distilled",),
+                           type=int if a == "seed" else str)
+        p.set_defaults(fn=fn)
+        return p
+
+    check = sub.add_parser("check-config", help="validate a config against the schema and the registries")
+    check.add_argument("config")
+    check.set_defaults(fn=cmd_check_config, config_json=None)
+    command("shards", cmd_shards, "write a dataset's webdataset shards and manifest", "dataset", "out")
+    command("teacher", cmd_teacher, "pretrain the softmax teacher", "size", "seed", "shards", "out")
+    command("distill", cmd_distill, "distill the teacher's attention into a linear student",
+            "dataset", "size", "variant", "seed", "teacher", "shards", "out")
+    command("student", cmd_student, "initialize a student from the teacher and train it",
+            "dataset", "size", "variant", "init", "seed", "teacher", "shards", "out", "distilled")
+    command("evaluate", cmd_evaluate, "attention fidelity, parameters and throughput of a run",
+            "run", "teacher", "shards", "out")
+    command("report", cmd_report, "aggregate results/ into tables, figures and claim verdicts",
+            "results", "out")
+    return parser
+
+
+def main(argv=None) -> int:
+    from .train import TrainingDiverged
+
+    args = build_parser().parse_args(argv)
+    try:
+        if hasattr(args, "threads"):
+            _threads(args)
+        args.fn(args)
+    except KeyboardInterrupt:
+        print("linvit: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, TrainingDiverged) as err:
+        # A user's mistake or a diverged run: one line, no traceback.
+        msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"linvit: error: {msg}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

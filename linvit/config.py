@@ -1,0 +1,104 @@
+"""Loading and checking configs: the JSON schema for structure, the registries for names.
+
+The schema (workflow/schemas/config.schema.yaml) checks shapes and types; names that live in
+code registries (variants, sizes, sources, losses) are checked here, so adding a variant never
+means editing the schema.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+REFERENCE_STRATEGY = {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": False}
+
+
+class ConfigError(ValueError):
+    """A config mistake, reported in one line naming the key."""
+
+
+def load_config(path: str | Path | None = None, text: str | None = None) -> dict:
+    """A config from a YAML/JSON file, or from JSON text (what the Snakemake rules pass)."""
+    if text is not None:
+        return json.loads(text)
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} does not hold a mapping")
+    return data
+
+
+def get(config: dict, dotted: str):
+    """config['a']['b'] for 'a.b', with an error naming the missing key."""
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError(f"config is missing key {dotted!r}")
+        node = node[part]
+    return node
+
+
+def validate_schema(config: dict, schema_path: str | Path = SCHEMA) -> None:
+    import jsonschema
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(config), key=lambda e: list(e.path))
+    if errors:
+        err = errors[0]
+        where = ".".join(str(p) for p in err.path) or "(top level)"
+        raise ConfigError(f"config key {where}: {err.message}")
+
+
+def _known(kind: str, key: str, names, known) -> None:
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ConfigError(f"config key {key}: unknown {kind} {', '.join(map(repr, unknown))}; "
+                          f"known {kind}s: {', '.join(sorted(known))}")
+
+
+def check_names(config: dict) -> None:
+    """Every name the grid uses must exist: variants, sizes, datasets and their sources, inits, losses."""
+    from .attention import ATTENTION
+    from .data.sources import SOURCES
+    from .distill import LOSSES
+    from .models import SIZES
+    from .transfer import GROUPS
+
+    _known("variant", "variants", config["variants"], ATTENTION)
+    _known("size", "sizes", config["sizes"], SIZES)
+    datasets = config["datasets"]
+    _known("dataset", "targets", config["targets"], datasets)
+    _known("dataset", "teacher.dataset", [config["teacher"]["dataset"]], datasets)
+    for name, spec in datasets.items():
+        _known("source", f"datasets.{name}.source", [spec["source"]], SOURCES)
+    strategies = config["init_strategies"]
+    _known("init strategy", "inits", config["inits"], strategies)
+    for name, spec in strategies.items():
+        _known("parameter group", f"init_strategies.{name}.copy", spec["copy"], GROUPS)
+    _known("distillation loss", "distill.loss", [config["distill"]["loss"]], LOSSES)
+
+
+def validate(config: dict, schema_path: str | Path = SCHEMA) -> dict:
+    """Schema first (structure), then names against the registries; raises ConfigError."""
+    validate_schema(config, schema_path)
+    check_names(config)
+    return config
+
+
+def init_strategy(config: dict, init: str) -> dict:
+    """The copy groups and distill flag of an init strategy ('reference' is the softmax reference)."""
+    if init == "reference":
+        return REFERENCE_STRATEGY
+    strategies = get(config, "init_strategies")
+    if init not in strategies:
+        raise ConfigError(f"config key init_strategies: unknown init strategy {init!r}; known: "
+                          f"{', '.join(sorted(strategies))}")
+    return strategies[init]

@@ -1,0 +1,332 @@
+"""Find or fetch raw image-classification data, one registered source per kind of origin.
+
+A source is a function ``(spec) -> RawData`` where ``spec`` is the dataset's config entry
+(``{"source": "digits", ...}``). Sources return plain uint8 arrays; writing shards is
+``shards.py``'s job, reading them ``loader.py``'s.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from PIL import Image
+
+
+class DataError(ValueError):
+    """Raw data or shards that are malformed, inconsistent or misconfigured; the message names the file or key."""
+
+
+class MissingDataError(DataError, FileNotFoundError):
+    """Data that is not where it should be (also a FileNotFoundError, so either catch works)."""
+
+
+@dataclass
+class RawData:
+    """A dataset in memory: per split, uint8 images (N,H,W) or (N,H,W,C) and int64 labels (N,)."""
+
+    splits: dict[str, tuple[np.ndarray, np.ndarray]]
+    classes: list[str]
+
+
+SOURCES: dict[str, Callable[[dict], RawData]] = {}
+
+
+def register_source(name: str):
+    """Register a source function under ``name`` (the value of a dataset's ``source`` key)."""
+
+    def decorate(fn: Callable[[dict], RawData]) -> Callable[[dict], RawData]:
+        if name in SOURCES:
+            raise ValueError(f"data source {name!r} is registered twice")
+        SOURCES[name] = fn
+        return fn
+
+    return decorate
+
+
+def load_raw(name: str, spec: dict) -> RawData:
+    """Load dataset ``name`` as its config entry ``spec`` says, checking the result's shape."""
+    source = spec.get("source")
+    if source not in SOURCES:
+        raise DataError(f"dataset {name!r}: unknown source {source!r} (known: {', '.join(sorted(SOURCES))})")
+    raw = SOURCES[source](spec)
+    _check_raw(name, raw)
+    return raw
+
+
+def _check_raw(name: str, raw: RawData) -> None:
+    # Catch a buggy source here, once, rather than as odd shards or a crash in training.
+    if "train" not in raw.splits:
+        raise DataError(f"dataset {name!r}: source gave no 'train' split (got {sorted(raw.splits)})")
+    k = len(raw.classes)
+    for split, (x, y) in raw.splits.items():
+        if x.dtype != np.uint8 or x.ndim not in (3, 4) or len(x) != len(y) or len(x) == 0:
+            raise DataError(f"dataset {name!r} split {split!r}: want uint8 (N,H,W[,C]) images matching "
+                            f"labels, got {x.dtype} {x.shape} and {len(y)} labels")
+        if y.min() < 0 or y.max() >= k:
+            raise DataError(f"dataset {name!r} split {split!r}: labels outside 0..{k - 1}")
+
+
+# --------------------------------------------------------------------------------------------
+# IDX files (MNIST's format): magic 0x0000 + type byte + ndim byte, ndim big-endian uint32 dims,
+# then the values big-endian.
+
+_IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+IDX_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Parse one IDX file (gzip-compressed if its name ends in .gz)."""
+    path = Path(path)
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as f:
+            data = f.read()
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{path}: cannot read IDX file ({e})") from e
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_TYPES:
+        raise DataError(f"{path}: not an IDX file (bad magic number {data[:4].hex()})")
+    ndim = data[3]
+    header = 4 + 4 * ndim
+    if len(data) < header:
+        raise DataError(f"{path}: IDX header truncated")
+    dims = tuple(int(d) for d in np.frombuffer(data, ">u4", count=ndim, offset=4))
+    dtype = np.dtype(_IDX_TYPES[data[2]])
+    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    if len(data) - header != expected:
+        raise DataError(f"{path}: IDX dims {dims} need {expected} bytes of data, file has {len(data) - header}")
+    return np.frombuffer(data, dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
+
+
+def _find_idx(directory: Path, base: str) -> Path | None:
+    for candidate in (directory / base, directory / f"{base}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _missing_idx(directory: Path, names: dict[str, str]) -> list[str]:
+    return [base for base in names.values() if _find_idx(directory, base) is None]
+
+
+def _load_idx_dir(directory: Path, names: dict[str, str], classes: list[str] | None) -> RawData:
+    splits = {}
+    for split, prefix in (("train", "train"), ("test", "test")):
+        img_path = _find_idx(directory, names[f"{prefix}_images"])
+        lbl_path = _find_idx(directory, names[f"{prefix}_labels"])
+        if img_path is None or lbl_path is None:
+            raise MissingDataError(f"{directory}: missing {names[f'{prefix}_images']} or "
+                                   f"{names[f'{prefix}_labels']} (.gz or not)")
+        images, labels = read_idx(img_path), read_idx(lbl_path)
+        if images.dtype != np.uint8 or images.ndim not in (3, 4):
+            raise DataError(f"{img_path}: want uint8 images (N,H,W[,C]), got {images.dtype} {images.shape}")
+        if labels.ndim != 1 or len(labels) != len(images):
+            raise DataError(f"{lbl_path}: {labels.shape} labels do not match {len(images)} images in {img_path.name}")
+        splits[split] = (images, labels.astype(np.int64))
+    k = int(max(y.max() for _, y in splits.values())) + 1
+    if classes is None:
+        classes = [str(i) for i in range(k)]
+    elif len(classes) < k:
+        raise DataError(f"{directory}: labels go up to {k - 1} but the 'classes' key names only {len(classes)}")
+    return RawData(splits=splits, classes=list(classes))
+
+
+def _idx_names(spec: dict) -> dict[str, str]:
+    # Some mirrors rename the files (e.g. "t10k-images.idx3-ubyte"); let the config say so.
+    return {key: spec.get(key, default) for key, default in IDX_FILES.items()}
+
+
+@register_source("idx")
+def idx_source(spec: dict) -> RawData:
+    """Any MNIST-format dataset in directory ``spec["path"]``."""
+    if "path" not in spec:
+        raise DataError("source 'idx' needs a 'path' key: the directory holding the four IDX files")
+    directory = Path(spec["path"]).expanduser()
+    missing = _missing_idx(directory, _idx_names(spec))
+    if missing:
+        raise MissingDataError(f"{directory} (key 'path'): missing {', '.join(missing)} (.gz or not)")
+    return _load_idx_dir(directory, _idx_names(spec), spec.get("classes"))
+
+
+# --------------------------------------------------------------------------------------------
+# Fashion-MNIST: the user's directory, then the Debian package, then the official download.
+
+FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
+FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian: dataset-fashion-mnist
+FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+DOWNLOAD_TIMEOUT_S = 10.0
+
+
+def fetch_url(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:
+    """Download ``url`` to ``dest`` atomically (a half-downloaded file never has the final name)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            shutil.copyfileobj(response, out)
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _download_fashion_mnist(cache: Path) -> str | None:
+    """Fill ``cache`` with the four .gz files; return None on success, else why it failed."""
+    for base in IDX_FILES.values():
+        dest = cache / f"{base}.gz"
+        if dest.is_file():
+            continue
+        url = FASHION_MNIST_URL.rstrip("/") + f"/{base}.gz"
+        print(f"[linvit.data] downloading {url}", file=sys.stderr)
+        try:
+            fetch_url(url, dest)
+        except (OSError, urllib.error.URLError, ValueError) as e:  # offline, timeout, HTTP error
+            return f"{url}: {getattr(e, 'reason', None) or e}"
+    return None
+
+
+@register_source("fashion_mnist")
+def fashion_mnist_source(spec: dict) -> RawData:
+    """Fashion-MNIST from ``spec["path"]``, else the Debian package's directory, else the download cache."""
+    names = dict(IDX_FILES)
+    if "path" in spec:
+        # An explicit path that is wrong is a config mistake: say so rather than silently use another copy.
+        directory = Path(spec["path"]).expanduser()
+        missing = _missing_idx(directory, names)
+        if missing:
+            raise MissingDataError(f"fashion_mnist: key 'path' = {directory} lacks {', '.join(missing)} (.gz or not)")
+        return _load_idx_dir(directory, names, FASHION_MNIST_CLASSES)
+    if not _missing_idx(FASHION_MNIST_SYSTEM_DIR, names):
+        return _load_idx_dir(FASHION_MNIST_SYSTEM_DIR, names, FASHION_MNIST_CLASSES)
+    cache = Path(spec.get("cache", "~/.cache/linvit/fashion_mnist")).expanduser()
+    why = _download_fashion_mnist(cache)
+    if why is None:
+        return _load_idx_dir(cache, names, FASHION_MNIST_CLASSES)
+    raise MissingDataError(
+        "fashion_mnist not found: set the dataset's 'path' key to a directory with the four IDX files, "
+        f"or `apt-get install dataset-fashion-mnist` (fills {FASHION_MNIST_SYSTEM_DIR}), "
+        f"or allow the download from {FASHION_MNIST_URL} into {cache} (failed: {why})")
+
+
+# --------------------------------------------------------------------------------------------
+# Small built-in and generic sources.
+
+
+@register_source("digits")
+def digits_source(spec: dict) -> RawData:
+    """scikit-learn's bundled 8x8 digits, resized to 28x28 uint8, with a fixed stratified split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    size = int(spec.get("image_size", 28))
+    digits = load_digits()
+    # 0..16 -> 0..255 as float, resized bilinearly in PIL's float mode so no precision is lost before rounding.
+    images = np.stack([
+        np.asarray(Image.fromarray((img * (255.0 / 16.0)).astype(np.float32), mode="F")
+                   .resize((size, size), Image.BILINEAR))
+        for img in digits.images])
+    images = np.clip(np.rint(images), 0, 255).astype(np.uint8)
+    labels = digits.target.astype(np.int64)
+    train_idx, test_idx = train_test_split(
+        np.arange(len(labels)), test_size=float(spec.get("test_fraction", 0.2)),
+        random_state=int(spec.get("split_seed", 0)), stratify=labels)
+    return RawData(splits={"train": (images[train_idx], labels[train_idx]),
+                           "test": (images[test_idx], labels[test_idx])},
+                   classes=[str(i) for i in range(10)])
+
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+
+
+@register_source("imagefolder")
+def imagefolder_source(spec: dict) -> RawData:
+    """``path/{train,test}/<class>/<image>``; class names are the sorted folder names."""
+    if "path" not in spec:
+        raise DataError("source 'imagefolder' needs a 'path' key: the directory holding train/ and test/")
+    root = Path(spec["path"]).expanduser()
+    channels = int(spec.get("channels", 1))
+    if channels not in (1, 3):
+        raise DataError(f"imagefolder: key 'channels' must be 1 or 3, got {channels}")
+    size = spec.get("image_size")
+    mode = "L" if channels == 1 else "RGB"
+
+    classes = None
+    splits = {}
+    shape = None
+    for split in ("train", "test"):
+        split_dir = root / split
+        if not split_dir.is_dir():
+            raise MissingDataError(f"{split_dir}: missing (imagefolder wants {root}/train and {root}/test)")
+        split_classes = sorted(d.name for d in split_dir.iterdir() if d.is_dir())
+        if classes is None:
+            classes = split_classes
+        elif split_classes != classes:
+            raise DataError(f"{split_dir}: class folders {split_classes} differ from train's {classes}")
+        images, labels = [], []
+        for label, cls in enumerate(classes):
+            for file in sorted(p for p in (split_dir / cls).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
+                try:
+                    with Image.open(file) as im:
+                        im = im.convert(mode)
+                        if size is not None:
+                            im = im.resize((int(size), int(size)), Image.BILINEAR)
+                        arr = np.asarray(im, dtype=np.uint8)
+                except OSError as e:
+                    raise DataError(f"{file}: cannot read image ({e})") from e
+                if shape is None:
+                    shape = arr.shape
+                elif arr.shape != shape:
+                    raise DataError(f"{file}: size {arr.shape[:2]} differs from {shape[:2]}; "
+                                    "set the dataset's 'image_size' key to resize")
+                images.append(arr)
+                labels.append(label)
+        if not images:
+            raise DataError(f"{split_dir}: no images (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
+        splits[split] = (np.stack(images), np.asarray(labels, dtype=np.int64))
+    return RawData(splits=splits, classes=classes)
+
+
+@register_source("synthetic")
+def synthetic_source(spec: dict) -> RawData:
+    """Tiny, deterministic and learnable: each class is a bright blob at its own spot, plus noise and jitter."""
+    k = int(spec.get("num_classes", 4))
+    size = int(spec.get("image_size", 28))
+    channels = int(spec.get("channels", 1))
+    if channels not in (1, 3):
+        raise DataError(f"synthetic: key 'channels' must be 1 or 3, got {channels}")
+    rng = np.random.default_rng(int(spec.get("seed", 0)))
+    # Class centres spread evenly on a circle, so any two classes differ in where the blob is.
+    angles = 2 * np.pi * np.arange(k) / k
+    radius = size * 0.3
+    centres = np.stack([size / 2 + radius * np.sin(angles), size / 2 + radius * np.cos(angles)], axis=1)
+    tints = np.array([[1.0, 0.6, 0.3], [0.3, 1.0, 0.6], [0.6, 0.3, 1.0]])  # RGB: colour varies too
+    yy, xx = np.mgrid[0:size, 0:size]
+
+    def make(n: int) -> tuple[np.ndarray, np.ndarray]:
+        labels = rng.integers(0, k, size=n)
+        centre = centres[labels] + rng.uniform(-1.0, 1.0, size=(n, 2))
+        dist2 = (yy[None] - centre[:, 0, None, None]) ** 2 + (xx[None] - centre[:, 1, None, None]) ** 2
+        blob = 200.0 * np.exp(-dist2 / (2 * (size / 12) ** 2))
+        images = blob + rng.uniform(0, 50, size=(n, size, size))
+        if channels == 3:
+            images = images[..., None] * tints[labels % 3][:, None, None, :]
+        return np.clip(np.rint(images), 0, 255).astype(np.uint8), labels.astype(np.int64)
+
+    train = make(int(spec.get("train_samples", 256)))
+    test = make(int(spec.get("test_samples", 128)))
+    return RawData(splits={"train": train, "test": test}, classes=[str(i) for i in range(k)])

@@ -1,0 +1,73 @@
+"""Accuracy, attention fidelity, parameter counts and throughput of a trained model."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from .attention import attention_maps
+from .transfer import group_sizes
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, data, split: str = "test", *, batch_size: int = 256,
+             limit: int | None = None) -> dict:
+    """Top-1 accuracy on (the first `limit` samples of) a split, in eval mode."""
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    for x, y in data.batches(split, batch_size, limit=limit):
+        correct += (model(x).argmax(dim=-1) == y).sum().item()
+        total += y.numel()
+    model.train(was_training)
+    return {"test_acc": correct / max(total, 1), "samples": total}
+
+
+def block_attention_inputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """The input each block's attention receives when the model runs on images x."""
+    inputs, hooks = [], []
+    for block in model.blocks:
+        hooks.append(block.attn.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach())))
+    try:
+        model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return inputs
+
+
+@torch.no_grad()
+def attention_fidelity(teacher: nn.Module, student: nn.Module, x: torch.Tensor, eps: float = 1e-8) -> list[float]:
+    """Per layer, KL(teacher softmax maps || student implicit matrix), averaged over images, heads, rows.
+
+    Each model runs on the same images with its own activations.
+    """
+    teacher.eval(), student.eval()
+    t_in, s_in = block_attention_inputs(teacher, x), block_attention_inputs(student, x)
+    kls = []
+    for tb, sb, ti, si in zip(teacher.blocks, student.blocks, t_in, s_in):
+        p = attention_maps(tb.attn, ti)
+        q = attention_maps(sb.attn, si).clamp_min(eps)
+        kls.append((p * (p.clamp_min(eps).log() - q.log())).sum(-1).mean().item())
+    return kls
+
+
+def parameter_counts(model: nn.Module) -> dict:
+    sizes = group_sizes(model)
+    return {"params": sum(sizes.values()), "params_attn_extra": sizes["attn_extra"],
+            "params_by_group": sizes}
+
+
+@torch.no_grad()
+def throughput(model: nn.Module, example: torch.Tensor, *, batch_size: int = 64, seconds: float = 1.0) -> float:
+    """Forward images per second on this machine at `batch_size`, after a warm-up pass."""
+    model.eval()
+    x = example[:1].expand(batch_size, *example.shape[1:]).contiguous()
+    model(x)
+    runs, start = 0, time.perf_counter()
+    while runs < 3 or time.perf_counter() - start < seconds:
+        model(x)
+        runs += 1
+    return runs * batch_size / (time.perf_counter() - start)

@@ -1,0 +1,64 @@
+"""Model sizes, ViT construction on timm, and swapping softmax attention for a linear operator."""
+
+from __future__ import annotations
+
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+
+from .attention import attention_class
+
+# Shapes only: image size and channels come from the dataset's manifest.
+SIZES: dict[str, dict] = {
+    "micro": dict(patch_size=4, embed_dim=64, depth=4, num_heads=4),          # 28x28 input
+    "mini": dict(patch_size=4, embed_dim=128, depth=6, num_heads=4),          # 28x28 input
+    "deit_tiny": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),   # 224x224 input
+    "deit_small": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    "deit_base": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+}
+
+SOFTMAX = "softmax"
+
+
+def size_spec(size: str) -> dict:
+    try:
+        return SIZES[size]
+    except KeyError:
+        raise ValueError(f"unknown model size {size!r}; known sizes: {', '.join(SIZES)}") from None
+
+
+def build_vit(size: str, *, num_classes: int, img_size: int | tuple[int, int], in_chans: int,
+              variant: str = SOFTMAX, **variant_kwargs) -> VisionTransformer:
+    """A timm VisionTransformer of a registered size; `variant` other than softmax swaps attention."""
+    model = VisionTransformer(img_size=img_size, in_chans=in_chans, num_classes=num_classes,
+                              **size_spec(size))
+    if variant != SOFTMAX:
+        swap_attention(model, variant, **variant_kwargs)
+    return model
+
+
+def swap_attention(model: VisionTransformer, variant: str, **variant_kwargs) -> VisionTransformer:
+    """Replace every block's attention with a fresh operator of `variant` (in place).
+
+    The operator is freshly initialized; copying weights is transfer.py's job.
+    """
+    cls = attention_class(variant)
+    grid = tuple(model.patch_embed.grid_size)
+    for block in model.blocks:
+        old = block.attn
+        dim = old.qkv.in_features
+        block.attn = cls(dim, old.num_heads, qkv_bias=old.qkv.bias is not None,
+                         proj_bias=old.proj.bias is not None, grid_size=grid,
+                         num_prefix_tokens=model.num_prefix_tokens, **variant_kwargs)
+    # Start the new operators the way timm initializes a ViT's linear layers.
+    for block in model.blocks:
+        for m in block.attn.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+    return model
+
+
+def model_variant(model: nn.Module) -> str:
+    """The attention variant a ViT currently runs ('softmax' for timm's own attention)."""
+    return getattr(model.blocks[0].attn, "variant", SOFTMAX)

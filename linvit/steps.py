@@ -1,0 +1,193 @@
+"""The pipeline's steps, one function each: shards, teacher, distillation, student, evaluation.
+
+Each step reads what the step before it wrote and writes its own folder; cli.py exposes each as
+a `linvit` subcommand, which is what the Snakemake rules call.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .config import get, init_strategy
+from .data.loader import ShardSet
+from .distill import DistillTask
+from .evaluate import accuracy, attention_fidelity, parameter_counts, throughput
+from .io import atomic_path, provenance, read_json, write_json
+from .models import SOFTMAX, build_vit
+from .train import TrainSpec, fit
+from .transfer import GROUPS, attention_state, copy_groups, load_attention_state
+
+
+# -- model folders: model.safetensors plus model.json describing the architecture ----------------
+
+def save_model(model: nn.Module, folder: Path, arch: dict) -> None:
+    with atomic_path(folder / "model.safetensors") as tmp:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    write_json(folder / "model.json", arch)
+
+
+def load_model(folder: str | Path, what: str = "model") -> tuple[nn.Module, dict]:
+    folder = Path(folder)
+    arch = read_json(folder / "model.json", what=f"{what} description")
+    model = build_vit(arch["size"], num_classes=arch["num_classes"], img_size=arch["img_size"],
+                      in_chans=arch["in_chans"], variant=arch["variant"])
+    weights = folder / "model.safetensors"
+    if not weights.exists():
+        raise FileNotFoundError(f"{what} weights {weights} do not exist")
+    try:
+        model.load_state_dict(load_file(str(weights)))
+    except Exception as err:  # safetensors and torch raise several types for a bad file
+        raise ValueError(f"{what} weights {weights} cannot be loaded: {str(err).splitlines()[0]}") from None
+    return model.eval(), arch
+
+
+def _arch(size, variant, data: ShardSet, dataset: str) -> dict:
+    return {"size": size, "variant": variant, "num_classes": data.num_classes,
+            "img_size": list(data.image_size), "in_chans": data.channels, "dataset": dataset,
+            "classes": list(data.classes)}
+
+
+class ClassifyTask:
+    """Supervised training of every parameter with (label-smoothed) cross-entropy."""
+
+    def __init__(self, model: nn.Module, data: ShardSet, spec: TrainSpec):
+        self.model, self.data, self.spec = model, data, spec
+
+    def trainable(self):
+        return list(self.model.named_parameters())
+
+    def loss(self, x, y):
+        return F.cross_entropy(self.model(x), y, label_smoothing=self.spec.label_smoothing)
+
+    def evaluate(self, final: bool) -> dict:
+        return accuracy(self.model, self.data, limit=None if final else self.spec.eval_samples)
+
+
+def _spec(config: dict, key: str) -> TrainSpec:
+    return TrainSpec.from_dict(get(config, key), key)
+
+
+def _finish(out_dir: Path, model, arch, metrics: dict, config: dict) -> dict:
+    """Write the outputs of a training step; metrics.json last, as the mark of a complete run."""
+    save_model(model, out_dir, arch)
+    write_json(out_dir / "config.json", provenance(config))
+    write_json(out_dir / "metrics.json", metrics)
+    shutil.rmtree(out_dir / "checkpoint", ignore_errors=True)
+    return metrics
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+def run_shards(config: dict, dataset: str, out_dir: str | Path) -> dict:
+    from .data.shards import write_shards
+
+    spec = get(config, f"datasets.{dataset}")
+    shards = config.get("shards", {})
+    return write_shards(dataset, spec, out_dir, seed=shards.get("seed", 0),
+                        samples_per_shard=shards.get("samples_per_shard", 10000))
+
+
+def run_teacher(config: dict, size: str, seed: int, shards_dir, out_dir) -> dict:
+    """Pretrain the softmax teacher on the teacher dataset (at paper scale: load timm weights instead)."""
+    out_dir, data = Path(out_dir), ShardSet(shards_dir)
+    dataset = get(config, "teacher.dataset")
+    spec = _spec(config, "teacher.train")
+    torch.manual_seed(seed)
+    model = build_vit(size, num_classes=data.num_classes, img_size=data.image_size, in_chans=data.channels)
+    summary = fit(ClassifyTask(model, data, spec), spec, data, out_dir, seed=seed, desc=f"teacher {size}")
+    metrics = {"dataset": dataset, "size": size, "variant": SOFTMAX, "init": "random", "seed": seed, **summary}
+    return _finish(out_dir, model, _arch(size, SOFTMAX, data, dataset), metrics, config)
+
+
+def _check_teacher(arch: dict, size: str, data: ShardSet, dataset: str, folder) -> None:
+    if arch["size"] != size:
+        raise ValueError(f"teacher {folder} is size {arch['size']!r}, the student is {size!r}")
+    if list(arch["img_size"]) != list(data.image_size) or arch["in_chans"] != data.channels:
+        raise ValueError(f"teacher {folder} takes {arch['img_size']} images with {arch['in_chans']} "
+                         f"channel(s); dataset {dataset!r} has {list(data.image_size)} with {data.channels}")
+
+
+def _student(config, dataset, size, variant, seed, teacher_dir, shards_dir):
+    data = ShardSet(shards_dir)
+    teacher, arch = load_model(teacher_dir, what="teacher")
+    _check_teacher(arch, size, data, dataset, teacher_dir)
+    torch.manual_seed(seed)
+    student = build_vit(size, num_classes=data.num_classes, img_size=data.image_size,
+                        in_chans=data.channels, variant=variant)
+    return data, teacher, arch, student
+
+
+def run_distill(config: dict, dataset: str, size: str, variant: str, seed: int, teacher_dir, shards_dir,
+                out_dir) -> dict:
+    """Distill the teacher's attention into a fresh linear student's attention on `dataset`'s images."""
+    out_dir = Path(out_dir)
+    data, teacher, arch, student = _student(config, dataset, size, variant, seed, teacher_dir, shards_dir)
+    spec, loss = _spec(config, "distill.train"), get(config, "distill.loss")
+    probe = data.fixed_batch("test", min(64, data.num_samples("test")))[0]
+    task = DistillTask(teacher, student, loss, probe)
+    summary = fit(task, spec, data, out_dir, seed=seed, desc=f"distill {dataset}/{size}/{variant}")
+    with atomic_path(out_dir / "attention.safetensors") as tmp:
+        save_file({k: v.contiguous() for k, v in attention_state(student).items()}, str(tmp))
+    write_json(out_dir / "config.json", provenance(config))
+    metrics = {"dataset": dataset, "size": size, "variant": variant, "seed": seed, "loss": loss, **summary}
+    write_json(out_dir / "metrics.json", metrics)
+    shutil.rmtree(out_dir / "checkpoint", ignore_errors=True)
+    return metrics
+
+
+def run_student(config: dict, dataset: str, size: str, variant: str, init: str, seed: int, teacher_dir,
+                shards_dir, out_dir, distilled_dir=None) -> dict:
+    """Initialize a student from the teacher by strategy `init`, then train it on `dataset`.
+
+    variant 'softmax' with init 'reference' is the softmax reference: the teacher trained on the
+    target with the students' budget.
+    """
+    out_dir = Path(out_dir)
+    strategy = init_strategy(config, init)
+    spec = _spec(config, "student.train")
+    data, teacher, arch, student = _student(config, dataset, size, variant, seed, teacher_dir, shards_dir)
+    same_labels = arch["dataset"] == dataset and arch["num_classes"] == data.num_classes
+    copied = copy_groups(student, teacher, strategy["copy"], copy_head=same_labels)
+    distill = None
+    if strategy.get("distill"):
+        if distilled_dir is None:
+            raise ValueError(f"init strategy {init!r} distills attention: pass the distillation folder")
+        distilled_dir = Path(distilled_dir)
+        info = read_json(distilled_dir / "metrics.json", what="distillation metrics")
+        load_attention_state(student, load_file(str(distilled_dir / "attention.safetensors")))
+        distill = {"loss": info["loss"], "steps": info["steps"], "time_s": info["train_time_s"],
+                   "final_loss": info["final_loss"]}
+    print(f"student {dataset}/{size}/{variant}/{init}/seed{seed}: copied "
+          + ", ".join(f"{g}={copied[g]}" for g in GROUPS) + (" + distilled attention" if distill else ""),
+          file=sys.stderr)
+    summary = fit(ClassifyTask(student, data, spec), spec, data, out_dir, seed=seed,
+                  desc=f"student {dataset}/{size}/{variant}/{init}")
+    metrics = {"dataset": dataset, "size": size, "variant": variant, "init": init, "seed": seed,
+               "copied": copied, "head_copied": same_labels and "head" in strategy["copy"],
+               "distill": distill, "test_samples": summary.pop("samples"), **summary}
+    return _finish(out_dir, student, _arch(size, variant, data, dataset), metrics, config)
+
+
+def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path) -> dict:
+    """Fidelity to the teacher's attention, parameter counts and throughput of a trained run."""
+    run_dir, data = Path(run_dir), ShardSet(shards_dir)
+    metrics = read_json(run_dir / "metrics.json", what="run metrics")
+    model, _ = load_model(run_dir)
+    teacher, _ = load_model(teacher_dir, what="teacher")
+    settings = config.get("evaluation", {})
+    x, _ = data.fixed_batch("test", min(settings.get("fidelity_samples", 64), data.num_samples("test")))
+    kl = attention_fidelity(teacher, model, x)
+    result = {k: metrics[k] for k in ("dataset", "size", "variant", "init", "seed")}
+    result.update(test_acc=metrics["test_acc"], fidelity_kl=kl, fidelity_kl_mean=sum(kl) / len(kl),
+                  fidelity_samples=len(x), **parameter_counts(model),
+                  throughput_img_s=throughput(model, x, batch_size=settings.get("throughput_batch", 64)),
+                  threads=torch.get_num_threads())
+    write_json(out_path, result)
+    return result

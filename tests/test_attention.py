@@ -1,0 +1,82 @@
+"""Every registered linear operator: its forward equals its implicit matrices applied to V."""
+
+import pytest
+import torch
+
+from linvit.attention import ATTENTION, LinearAttention, attention_maps, available_variants
+from linvit.models import build_vit, model_variant, swap_attention
+
+VARIANTS = available_variants()
+
+
+def make(variant, dim=32, heads=4, grid=(3, 4), prefix=1):
+    torch.manual_seed(0)
+    attn = ATTENTION[variant](dim, heads, qkv_bias=True, grid_size=grid, num_prefix_tokens=prefix)
+    # Perturb every operator-specific parameter away from its identity-like init, so the
+    # test also covers the terms that start at zero (convolutions, positional terms, scales).
+    with torch.no_grad():
+        for name, p in attn.named_parameters():
+            if not name.startswith(("qkv", "proj")):
+                p.add_(0.1 * torch.randn_like(p))
+    return attn
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_forward_equals_implicit_matrix_applied_to_v(variant):
+    attn = make(variant)
+    x = torch.randn(2, 1 + 12, 32)
+    imp = attn.implicit_attention(x)
+    with torch.no_grad():
+        expected = attn(x)
+        got = attn.proj(imp.output())
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert imp.attn.shape == (2, 4, 13, 13)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_implicit_matrix_is_non_negative_and_row_normalized(variant):
+    attn = make(variant)
+    a = attn.implicit_attention(torch.randn(3, 13, 32)).attn
+    assert (a >= 0).all()
+    rows = a.sum(-1)
+    # The normalizer's eps only ever shrinks a row (to zero where every feature vanishes).
+    assert (rows <= 1 + 1e-5).all()
+    assert (rows > 0.9).float().mean() > 0.5
+
+
+def test_elu_rows_sum_to_one():
+    a = make("elu").implicit_attention(torch.randn(3, 13, 32)).attn
+    torch.testing.assert_close(a.sum(-1), torch.ones(3, 4, 13), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_linear_operator_takes_no_mask(variant):
+    with pytest.raises(ValueError, match="non-causal"):
+        make(variant)(torch.randn(1, 13, 32), attn_mask=torch.ones(13, 13, dtype=torch.bool))
+
+
+def test_unknown_variant_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown attention variant 'nope'.*elu"):
+        build_vit("micro", num_classes=10, img_size=28, in_chans=1, variant="nope")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_swap_replaces_every_block_and_keeps_outputs_finite(variant):
+    model = build_vit("micro", num_classes=10, img_size=28, in_chans=1)
+    assert model_variant(model) == "softmax"
+    swap_attention(model, variant)
+    assert all(isinstance(b.attn, LinearAttention) for b in model.blocks)
+    assert model_variant(model) == variant
+    out = model(torch.randn(2, 1, 28, 28))
+    assert out.shape == (2, 10) and torch.isfinite(out).all()
+
+
+def test_softmax_maps_match_timm_attention_output():
+    model = build_vit("micro", num_classes=10, img_size=28, in_chans=1).eval()
+    attn = model.blocks[0].attn
+    x = torch.randn(2, 50, 64)
+    with torch.no_grad():
+        maps = attention_maps(attn, x)
+        q, k, v = attn.qkv(x).reshape(2, 50, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
+        out = attn.proj((maps @ v).transpose(1, 2).reshape(2, 50, 64))
+        torch.testing.assert_close(out, attn(x), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,38 @@
+# Aggregate results/ into results/runs.csv and report/. `report_from_results` does the same from
+# whatever results/ holds, without (re)training anything: use it after --keep-going left gaps.
+REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "seeds", "teacher", "init_strategies",
+                        *(["claims"] if "claims" in config else []))
+
+
+rule report:
+    input:
+        [cell.run_dir() / "eval.json" for cell in CELLS],
+    output:
+        "report/README.md",
+        "results/runs.csv",
+    params:
+        cfg=REPORT_CFG,
+    log:
+        "results/logs/report.log",
+    threads: 1
+    resources:
+        mem_mb=res("report", "mem_mb", 2000),
+        runtime=res("report", "runtime", 10),
+    shell:
+        "linvit report --config-json {params.cfg:q} --results results --out report > {log} 2>&1"
+
+
+rule report_from_results:
+    params:
+        cfg=REPORT_CFG,
+    log:
+        "results/logs/report_from_results.log",
+    shell:
+        "linvit report --config-json {params.cfg:q} --results results --out report 2>&1 | tee {log}"
+
+
+onerror:
+    # A failed cell (under --keep-going) still leaves a report that lists it as missing, and why.
+    if any(cell.run_dir().joinpath("eval.json").exists() for cell in CELLS):
+        shell(f"linvit report --config-json {shlex.quote(REPORT_CFG)} --results results --out report "
+              "> results/logs/report_partial.log 2>&1 || true")

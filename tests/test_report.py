@@ -1,0 +1,315 @@
+"""The report: aggregation, claim verdicts, figures and README from a results tree whose numbers the test chooses.
+
+Accuracies are picked per (dataset, variant) cell so each claim's verdict is known in advance:
+  dsA/linA  C1 holds (attn_only worse than random), C2 holds, C3 holds and surpasses softmax
+  dsA/linB  C1 fails (attn_only gives half the benefit), C2 holds (strict share does not), C3 fails
+  dsB/linA  C1, C2, C3 hold (C3 within tolerance, below softmax)
+  dsB/linB  C1 not evaluable (attn_only missing: one failed with a log, one never ran), C2 fails, C3 holds
+Each seed is the cell's mean -/+ SPREAD, so the means are the numbers below.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from linvit.grid import Cell, all_cells
+from linvit.report import ResultsError, collect, cost_table, evaluate_claims, summarize, write_report
+
+INITS = ["random", "copy_all", "copy_attn", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill", "distill_only"]
+CONFIG = {
+    "targets": ["dsA", "dsB"], "sizes": ["tiny"], "variants": ["linA", "linB"], "inits": INITS, "seeds": [0, 1],
+    "teacher": {"dataset": "pretrainset"},
+    "init_strategies": {
+        "random": {"copy": [], "distill": False},
+        "copy_all": {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": False},
+        "copy_attn": {"copy": ["embed", "attn", "norm", "head"], "distill": False},
+        "copy_mlp": {"copy": ["embed", "mlp", "norm", "head"], "distill": False},
+        "attn_only": {"copy": ["attn"], "distill": False},
+        "mlp_only": {"copy": ["mlp"], "distill": False},
+        "copy_mlp_distill": {"copy": ["embed", "mlp", "norm", "head"], "distill": True},
+        "distill_only": {"copy": [], "distill": True},
+    },
+    "claims": {"negligible": 0.25, "most": 0.5, "match_tolerance": 0.005},
+}
+REFERENCE = {"dsA": 0.80, "dsB": 0.70}
+ACC = {
+    ("dsA", "linA"): dict(random=0.50, copy_all=0.70, copy_attn=0.55, copy_mlp=0.68, attn_only=0.48,
+                          mlp_only=0.62, copy_mlp_distill=0.81, distill_only=0.60),
+    ("dsA", "linB"): dict(random=0.50, copy_all=0.70, copy_attn=0.55, copy_mlp=0.62, attn_only=0.60,
+                          mlp_only=0.55, copy_mlp_distill=0.79, distill_only=0.60),
+    ("dsB", "linA"): dict(random=0.40, copy_all=0.60, copy_attn=0.45, copy_mlp=0.58, attn_only=0.41,
+                          mlp_only=0.50, copy_mlp_distill=0.697, distill_only=0.50),
+    ("dsB", "linB"): dict(random=0.40, copy_all=0.60, copy_attn=0.45, copy_mlp=0.45, attn_only=0.45,
+                          mlp_only=0.42, copy_mlp_distill=0.72, distill_only=0.50),
+}
+SPREAD = 0.01
+STEPS, TRAIN_TIME, DISTILL_TIME, LAYERS = 100, 10.0, 2.5, 3
+FAILED_LOG = ["starting run", "RuntimeError: shape mismatch in blocks.0.attn.qkv", "Error: job failed", "exit 1"]
+
+
+def accuracy(cell: Cell) -> float:
+    base = REFERENCE[cell.dataset] if cell.is_reference else ACC[(cell.dataset, cell.variant)][cell.init]
+    return base + (SPREAD if cell.seed else -SPREAD)
+
+
+def write_cell(results: Path, cell: Cell, acc: float, evaluated: bool = True) -> None:
+    run_dir = cell.run_dir(results)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    distills = "distill" in cell.init
+    metrics = {**cell.as_dict(), "test_acc": acc, "test_samples": 1000, "steps": STEPS, "train_time_s": TRAIN_TIME,
+               "images_seen": STEPS * 32,
+               "copied": {"embed": 10, "attn": 0 if cell.init == "copy_mlp" else 40, "attn_extra": 0, "mlp": 80,
+                          "norm": 4, "head": 20},
+               "distill": {"loss": "kl", "steps": 20, "time_s": DISTILL_TIME, "final_loss": 0.1} if distills else None}
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    if evaluated:
+        fidelity = [0.1 * (layer + 1) for layer in range(LAYERS)]
+        (run_dir / "eval.json").write_text(json.dumps({
+            **cell.as_dict(), "params": 5000, "params_attn_extra": 0 if cell.is_reference else 30,
+            "throughput_img_s": 900.0, "fidelity_kl": fidelity, "fidelity_kl_mean": sum(fidelity) / LAYERS}))
+    # Accuracy rises linearly to its final value over five evaluations, with training lines in between.
+    lines = []
+    for k in range(1, 6):
+        step = k * STEPS // 5
+        lines.append({"kind": "train", "step": step, "loss": 2.0 / k, "lr": 1e-3, "elapsed_s": step / 10})
+        lines.append({"kind": "eval", "step": step, "epoch": k, "test_acc": acc * k / 5, "samples": 1000,
+                      "elapsed_s": step / 10})
+    (run_dir / "train.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def write_log(results: Path, cell: Cell, lines: list[str]) -> None:
+    cell.log_path(results).parent.mkdir(parents=True, exist_ok=True)
+    cell.log_path(results).write_text("\n".join(lines) + "\n")
+
+
+def build_results(results: Path) -> None:
+    for cell in all_cells(CONFIG):
+        if (cell.dataset, cell.variant) == ("dsB", "linB") and cell.init == "attn_only":
+            if cell.seed == 0:
+                write_log(results, cell, FAILED_LOG)
+            continue  # seed 1 never ran: no log either
+        if (cell.dataset, cell.variant, cell.init) == ("dsB", "linB", "distill_only"):
+            if cell.seed == 0:
+                write_log(results, cell, ["starting run", "killed"])
+                continue
+            write_cell(results, cell, accuracy(cell), evaluated=False)
+            continue
+        write_cell(results, cell, accuracy(cell))
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    results, report = root / "results", root / "report"
+    build_results(results)
+    report.mkdir()
+    (report / "notes.txt").write_text("mine")  # a user's file: the report must leave it alone
+    written = write_report(CONFIG, results, report)
+    return results, report, written
+
+
+@pytest.fixture(scope="module")
+def verdicts(tree):
+    results, _, _ = tree
+    runs, _ = collect(CONFIG, results)
+    return {v.claim: v for v in evaluate_claims(runs, CONFIG)}
+
+
+def cell_verdict(verdict, dataset, variant):
+    return next(c for c in verdict.cells if (c.dataset, c.variant) == (dataset, variant))
+
+
+def test_runs_table_has_one_row_per_expected_cell_and_missing_reasons(tree):
+    results, _, _ = tree
+    runs, curves = collect(CONFIG, results)
+    assert len(runs) == 2 * 2 * 8 * 2 + 2 * 2  # students + one softmax reference per (dataset, size, seed)
+    missing = runs[runs["status"] == "missing"].set_index(["init", "seed"])["reason"]
+    assert missing[("attn_only", 0)] == "Error: job failed"  # the last line mentioning an error
+    assert missing[("attn_only", 1)] == "not run (no log)"
+    assert missing[("distill_only", 0)].startswith("failed (see ") and missing[("distill_only", 0)].endswith(".log)")
+    assert missing[("distill_only", 1)].startswith("not evaluated")
+    assert len(missing) == 4
+    row = runs[(runs["init"] == "copy_mlp_distill") & (runs["status"] == "ok")].iloc[0]
+    assert row["total_time_s"] == pytest.approx(TRAIN_TIME + DISTILL_TIME)
+    assert row["distill_steps"] == 20
+    # Only eval lines become curve rows: 5 per run that wrote a train.jsonl.
+    assert len(curves) == 5 * (len(runs) - 3)
+
+
+def test_csv_columns(tree):
+    results, report, written = tree
+    with open(results / "runs.csv") as fh:
+        columns = next(csv.reader(fh))
+    assert columns[:7] == ["dataset", "size", "variant", "init", "seed", "status", "reason"]
+    for col in ["test_acc", "test_samples", "steps", "train_time_s", "images_seen", "distill_steps",
+                "distill_time_s", "total_time_s", "params", "params_attn_extra", "throughput_img_s",
+                "fidelity_kl_mean", "copied_embed", "copied_attn", "copied_attn_extra", "copied_mlp",
+                "copied_norm", "copied_head"]:
+        assert col in columns
+    assert [c for c in columns if c.startswith("fidelity_kl_l")] == [f"fidelity_kl_l{i}" for i in range(LAYERS)]
+    with open(results / "curves.csv") as fh:
+        assert next(csv.reader(fh)) == ["dataset", "size", "variant", "init", "seed", "step", "epoch", "test_acc",
+                                        "elapsed_s"]
+    with open(report / "summary.csv") as fh:
+        summary_columns = next(csv.reader(fh))
+    assert summary_columns[:9] == ["dataset", "size", "variant", "init", "n_seeds", "n_expected", "test_acc_mean",
+                                   "test_acc_std", "gap_closed"]
+    assert {results / "runs.csv", results / "curves.csv", report / "summary.csv", report / "README.md"} <= set(written)
+
+
+def test_gap_closed_and_seed_statistics(tree):
+    results, _, _ = tree
+    runs, _ = collect(CONFIG, results)
+    summary = summarize(runs, CONFIG).set_index(["dataset", "variant", "init"])
+    row = summary.loc[("dsA", "linA", "copy_mlp_distill")]
+    assert row["test_acc_mean"] == pytest.approx(0.81)
+    assert row["test_acc_std"] == pytest.approx(SPREAD * math.sqrt(2))
+    assert row["gap_closed"] == pytest.approx((0.81 - 0.50) / (0.80 - 0.50))
+    assert summary.loc[("dsB", "linA", "copy_all"), "gap_closed"] == pytest.approx((0.60 - 0.40) / (0.70 - 0.40))
+    assert math.isnan(summary.loc[("dsA", "softmax", "reference"), "gap_closed"])
+    partial = summary.loc[("dsB", "linB", "attn_only")]
+    assert (partial["n_seeds"], partial["n_expected"]) == (0, 2)
+
+
+def test_c1_holds_where_attention_adds_little_and_fails_elsewhere(verdicts):
+    c1 = verdicts["C1"]
+    a = cell_verdict(c1, "dsA", "linA")
+    assert a.holds is True
+    assert a.numbers["strict_fraction"] == pytest.approx((0.48 - 0.50) / 0.20)
+    assert a.numbers["symmetric_fraction"] == pytest.approx((0.70 - 0.68) / 0.20)
+    assert "worse than random" in a.text
+    b = cell_verdict(c1, "dsA", "linB")
+    assert b.holds is False and b.numbers["strict_fraction"] == pytest.approx(0.5)
+    assert cell_verdict(c1, "dsB", "linA").holds is True
+    unknown = cell_verdict(c1, "dsB", "linB")
+    assert unknown.holds is None and "attn_only (0 of 2 seeds finished)" in unknown.text
+    assert c1.verdict == "partly supported (2 of 3 cells)"
+
+
+def test_c2_uses_the_symmetric_share_and_reports_the_strict_one(verdicts):
+    c2 = verdicts["C2"]
+    b = cell_verdict(c2, "dsA", "linB")
+    assert b.holds is True
+    assert b.numbers["symmetric_fraction"] == pytest.approx(0.6)
+    assert b.numbers["strict_fraction"] == pytest.approx(0.25)
+    assert "does not clear" in b.text
+    assert "also clears" in cell_verdict(c2, "dsB", "linA").text
+    assert cell_verdict(c2, "dsB", "linB").holds is False
+    assert c2.verdict == "partly supported (3 of 4 cells)"
+
+
+def test_c3_tolerance_and_surpassing(verdicts):
+    c3 = verdicts["C3"]
+    a = cell_verdict(c3, "dsA", "linA")
+    assert a.holds is True and "surpasses" in a.text and "does not surpass" not in a.text
+    assert a.numbers["gap_closed"] == pytest.approx(0.31 / 0.30)
+    assert cell_verdict(c3, "dsA", "linB").holds is False  # 1 pp below softmax, tolerance 0.5 pp
+    within = cell_verdict(c3, "dsB", "linA")
+    assert within.holds is True and "does not surpass" in within.text  # 0.3 pp below
+    assert c3.verdict == "partly supported (3 of 4 cells)"
+
+
+def test_c4_combines_cells_and_names_untested_axes(verdicts):
+    c4 = verdicts["C4"]
+    assert [c.holds for c in c4.cells] == [True, False, True, None]
+    assert c4.verdict == "partly supported (2 of 3 cells)"
+    assert "untested across sizes (the grid has 1: tiny)" in c4.detail
+    assert "2 datasets" in c4.detail and "2 variants" in c4.detail
+
+
+def test_not_evaluable_when_inits_absent_and_single_seed(tree):
+    results, _, _ = tree
+    config = {**CONFIG, "inits": ["random", "copy_all", "copy_mlp", "copy_mlp_distill"], "seeds": [0],
+              "targets": ["dsA"], "variants": ["linA"]}
+    runs, _ = collect(config, results)
+    verdicts = {v.claim: v for v in evaluate_claims(runs, config)}
+    assert verdicts["C1"].verdict == "not evaluable: inits not in the grid: attn_only"
+    assert verdicts["C2"].verdict == "supported"
+    assert "mlp_only (not in the grid)" in verdicts["C2"].cells[0].text
+    assert "n/a (1 seed)" in verdicts["C3"].cells[0].text
+    assert verdicts["C4"].verdict.startswith("not evaluable: the grid spans a single")
+
+
+def test_zero_denominator_is_guarded(tmp_path):
+    config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "seeds": [0],
+              "inits": ["random", "copy_all", "copy_mlp", "attn_only", "copy_mlp_distill"]}
+    for cell in all_cells(config):
+        # random matches copy_all and beats the reference: every share and gap closed is undefined.
+        acc = {"random": 0.5, "copy_all": 0.5, "reference": 0.4}.get(cell.init, 0.45)
+        write_cell(tmp_path, cell, acc)
+    runs, _ = collect(config, tmp_path)
+    summary = summarize(runs, config)
+    assert summary.loc[summary["init"] != "reference", "gap_closed"].isna().all()
+    verdicts = {v.claim: v for v in evaluate_claims(runs, config)}
+    assert verdicts["C1"].cells[0].holds is None and "does not beat random" in verdicts["C1"].cells[0].text
+    assert "gap closed undefined" in verdicts["C3"].cells[0].text
+
+
+def test_cost_table_steps_to_reach_random(tree):
+    results, _, _ = tree
+    runs, curves = collect(CONFIG, results)
+    costs = cost_table(runs, curves, CONFIG).set_index(["dataset", "variant", "init"])
+    row = costs.loc[("dsA", "linA", "copy_mlp_distill")]
+    # Curves reach 0.2, 0.4, ... of the final accuracy: 0.8 x 0.80 first beats random's 0.49 at step 80.
+    assert row["steps_to_random_acc"] == 80 and row["seeds_reaching"] == 2
+    assert row["total_time_s_mean"] == pytest.approx(TRAIN_TIME + DISTILL_TIME)
+    assert set(costs.loc[("dsA", "linA")].index) == {"random", "copy_mlp_distill", "softmax reference"}
+
+
+def test_report_files_figures_and_sections(tree):
+    _, report, _ = tree
+    for name in ("accuracy_by_init", "training_curves"):
+        png, svg = report / "figures" / f"{name}.png", report / "figures" / f"{name}.svg"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+        assert b"<svg" in svg.read_bytes()[:2000]
+    readme = (report / "README.md").read_text()
+    for heading in ("## Grid covered", "## Summary", "## Figures", "## Claims", "### C1", "### C2", "### C3",
+                    "### C4", "## Cost", "## Missing cells"):
+        assert heading in readme
+    assert "figures/accuracy_by_init.png" in readme
+    assert "`dsB/tiny/linB/attn_only/seed0`: Error: job failed" in readme
+    assert "**Verdict: partly supported (2 of 3 cells).**" in readme
+    assert json.loads((report / "claims.json").read_text())[0]["claim"] == "C1"
+    assert (report / "notes.txt").read_text() == "mine"
+    assert not list(report.rglob("*.tmp")) and not list(report.rglob(".*"))
+
+
+def test_empty_results_tree_reports_every_cell_missing(tmp_path):
+    config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "seeds": [0]}
+    write_report(config, tmp_path / "results", tmp_path / "report")
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert readme.count(": not run (no log)") == len(all_cells(config))
+    assert "**Verdict: not evaluable: missing results for random, copy_all, copy_mlp, attn_only" in readme
+    assert (tmp_path / "report" / "figures" / "training_curves.png").stat().st_size > 0
+
+
+def test_malformed_jsonl_line_names_file_and_line(tmp_path):
+    config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "inits": ["random"], "seeds": [0]}
+    cell = Cell("dsA", "tiny", "linA", "random", 0)
+    write_cell(tmp_path, cell, 0.5)
+    path = cell.run_dir(tmp_path) / "train.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = '{"kind": "eval", "step": '
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ResultsError, match=rf"{path}:3: not valid JSON"):
+        collect(config, tmp_path)
+
+
+def test_mismatched_or_incomplete_metrics_name_the_file_and_key(tmp_path):
+    config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "inits": ["random"], "seeds": [0]}
+    cell = Cell("dsA", "tiny", "linA", "random", 0)
+    write_cell(tmp_path, cell, 0.5)
+    metrics_path = cell.run_dir(tmp_path) / "metrics.json"
+    metrics = json.loads(metrics_path.read_text())
+    metrics_path.write_text(json.dumps({**metrics, "variant": "linB"}))
+    with pytest.raises(ResultsError, match="metrics.json: 'variant' is 'linB'"):
+        collect(config, tmp_path)
+    del metrics["steps"]
+    metrics_path.write_text(json.dumps(metrics))
+    with pytest.raises(ResultsError, match="metrics.json: missing key 'steps'"):
+        collect(config, tmp_path)

@@ -7,7 +7,11 @@ from snakemake.utils import min_version, validate
 min_version("9.0")
 
 
-configfile: workflow.source_path("workflow/config/default.yaml")
+# The embedded default, unless --configfile names another grid (which then replaces it, rather than
+# being merged over it key by key, so a small grid never inherits the default's settings).
+if not workflow.overwrite_configfiles:
+
+    configfile: workflow.source_path("workflow/config/default.yaml")
 
 
 validate(config, workflow.source_path("workflow/schemas/config.schema.yaml"))

@@ -168,6 +168,8 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         ckpts.save(step, model, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                                  "rng": torch.get_rng_state(), "step": step, "elapsed_s": elapsed})
 
+    if state is None and spec.eval_every:
+        _evaluate(task, log, 0, 0, 0.0, final=False)  # what the initialization alone gives
     bar = _progress(spec.steps, step, desc)
     last_loss, started = float("nan"), time.perf_counter() - elapsed
     model.train()

@@ -64,6 +64,13 @@ def test_smoke_grid_end_to_end(tmp_path):
     # A second run has nothing to do.
     again = snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
     assert "Nothing to be done" in again.stdout + again.stderr
+    # The report regenerates from results/ alone, without training anything.
+    shutil.rmtree(tmp_path / "report")
+    regen = snakemake(tmp_path, "report_from_results", "--cores", "1",
+                      "--configfile", str(REPO / "workflow/config/smoke.yaml"))
+    counts = job_counts(regen.stdout + regen.stderr)
+    assert counts.get("report_from_results") == 1 and "student" not in counts and "teacher" not in counts
+    assert (tmp_path / "report/README.md").read_text() == readme
     # The repository's own report/ is never touched by tests.
     after = sorted(p.name for p in (REPO / "report").iterdir()) if (REPO / "report").exists() else []
     assert before == after

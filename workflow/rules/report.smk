@@ -34,5 +34,8 @@ rule report_from_results:
 onerror:
     # A failed cell (under --keep-going) still leaves a report that lists it as missing, and why.
     if any(cell.run_dir().joinpath("eval.json").exists() for cell in CELLS):
-        shell(f"linvit report --config-json {shlex.quote(REPORT_CFG)} --results results --out report "
-              "> results/logs/report_partial.log 2>&1 || true")
+        import subprocess
+
+        with open("results/logs/report_partial.log", "w") as partial_log:
+            subprocess.run(["linvit", "report", "--config-json", REPORT_CFG, "--results", "results",
+                            "--out", "report"], stdout=partial_log, stderr=subprocess.STDOUT)

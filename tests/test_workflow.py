@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from linvit.attention import available_variants
+
 from conftest import REPO, run
 
 SNAKEFILE = str(REPO / "Snakefile")
@@ -42,7 +44,8 @@ def test_unknown_variant_fails_before_any_job(tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
     out = snakemake(tmp_path, "--cores", "1", "--configfile", str(tmp_path / "bad.yaml"), check=False)
     assert out.returncode != 0
-    assert "unknown variant 'nope'; known variants: elu, focused, relu" in out.stdout + out.stderr
+    known = ", ".join(available_variants())
+    assert f"config key variants: unknown variant 'nope'; known variants: {known}" in out.stdout + out.stderr
     assert not (tmp_path / "results").exists()
 
 

@@ -47,40 +47,83 @@ def attention_class(name: str) -> type["LinearAttention"]:
 
 @dataclass
 class ImplicitAttention:
-    """What an operator applies to V, written out as matrices.
+    """What an operator applies to V, written out as matrices (quadratic: for analysis and tests).
 
-    attn:  (B, H, N, N) per-head token-mixing matrix (rows of a normalized operator sum to 1).
+    attn:  (B, H, N, N) per-head token mixing, or (B, H, G, N, N) when the value channels of a
+           head are split into G equal groups, each mixed by its own matrix (PolaFormer's halves).
     v:     (B, H, N, D) the values it is applied to.
-    mix:   optional (D, N, N) per-channel token mixing added to the output (a depthwise
-           convolution on the patch grid, for example), shared by all heads.
-    bias:  optional (D, N) constant added with `mix` (the convolution's bias, on patch tokens).
+    mix:   optional per-channel token mixing added to the output (a depthwise convolution on the
+           patch grid, say): (D, N, N) shared by all heads, or (H, D, N, N) per head channel.
+    bias:  optional constant added with `mix`: (D, N) or (H, D, N).
+    gate:  optional (B, N, H*D) elementwise factor on the merged output (an output gate).
     """
 
     attn: torch.Tensor
     v: torch.Tensor
     mix: torch.Tensor | None = None
     bias: torch.Tensor | None = None
+    gate: torch.Tensor | None = None
+
+    def per_head(self) -> torch.Tensor:
+        """(B, H, N, D): the heads' outputs before merging and gating."""
+        if self.attn.dim() == 5:
+            groups = self.v.chunk(self.attn.shape[2], dim=-1)
+            out = torch.cat([self.attn[:, :, g] @ vg for g, vg in enumerate(groups)], dim=-1)
+        else:
+            out = self.attn @ self.v
+        if self.mix is not None:
+            eq = "dnm,bhmd->bhnd" if self.mix.dim() == 3 else "hdnm,bhmd->bhnd"
+            out = out + torch.einsum(eq, self.mix, self.v)
+        if self.bias is not None:
+            out = out + self.bias.transpose(-1, -2)
+        return out
 
     def output(self) -> torch.Tensor:
         """The operator's output before the output projection, as (B, N, H*D)."""
-        out = self.attn @ self.v
-        if self.mix is not None:
-            out = out + torch.einsum("dnm,bhmd->bhnd", self.mix, self.v)
-        if self.bias is not None:
-            out = out + self.bias.t()
-        b, h, n, d = out.shape
-        return out.transpose(1, 2).reshape(b, n, h * d)
+        out = merge_heads(self.per_head())
+        return out * self.gate if self.gate is not None else out
+
+    def maps(self) -> torch.Tensor:
+        """A row-stochastic (B, H, N, N) view for comparing with softmax maps: value groups
+        averaged, negative weights (rotary terms) clipped, rows renormalized."""
+        a = self.attn.mean(dim=2) if self.attn.dim() == 5 else self.attn
+        a = a.clamp_min(0)
+        return a / a.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def merge_heads(t: torch.Tensor) -> torch.Tensor:
+    b, h, n, d = t.shape
+    return t.transpose(1, 2).reshape(b, n, h * d)
+
+
+def kernel_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    """sum_j fq_i . fk_j v_j / (sum_j fq_i . fk_j + eps) in O(N), with means over tokens so that
+    neither contraction grows with N (no overflow at long sequences)."""
+    n = fk.shape[-2]
+    kv = torch.einsum("bhnf,bhnd->bhfd", fk, v) / n
+    den = torch.einsum("bhnf,bhf->bhn", fq, fk.mean(dim=-2))
+    return torch.einsum("bhnf,bhfd->bhnd", fq, kv) / (den.unsqueeze(-1) + eps)
+
+
+def kernel_matrix(fq: torch.Tensor, fk: torch.Tensor, eps: float) -> torch.Tensor:
+    """The N x N matrix `kernel_attention` applies: the same normalizer, written out."""
+    scores = fq @ fk.transpose(-2, -1) / fk.shape[-2]
+    return scores / (scores.sum(dim=-1, keepdim=True) + eps)
 
 
 class LinearAttention(nn.Module):
-    """Base of every linear operator: subclasses define `features` and optionally `mix`.
+    """Base of every operator: qkv and proj named as in timm, an fp32 core, the implicit matrices.
 
-    `grid_size` (patch rows, cols) and `num_prefix_tokens` (class and register tokens) let
-    operators with spatial terms act on the patch grid only.
+    A kernelized operator defines `features` (and optionally `mix`/`mix_matrices` for an extra
+    token mixing such as a depthwise convolution). Operators of another form override `attend`
+    and `implicit` together; `gate` adds an output gate computed from the block input.
+    `grid_size` (patch rows, cols) and `num_prefix_tokens` (class/register tokens, which come
+    first as in timm) let spatial terms act on the patch grid only.
     """
 
     variant = "base"
     eps = 1e-6
+    positional = False  # True when token positions matter (no permutation equivariance)
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, proj_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0,
@@ -88,6 +131,7 @@ class LinearAttention(nn.Module):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.grid_size = tuple(grid_size) if grid_size is not None else None
@@ -96,7 +140,7 @@ class LinearAttention(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    # -- what subclasses define ---------------------------------------------------------------
+    # -- what kernelized subclasses define ----------------------------------------------------
     def features(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Map q, k (B, H, N, D) to non-negative features (B, H, N, F)."""
         raise NotImplementedError
@@ -106,10 +150,28 @@ class LinearAttention(nn.Module):
         return None
 
     def mix_matrices(self, n: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """`mix` written as (D, N, N) matrices plus a (D, N) bias, for `implicit_attention`."""
+        """`mix` written as matrices plus bias, in ImplicitAttention's shapes."""
         return None, None
 
-    # -- the shared computation ---------------------------------------------------------------
+    def gate(self, x: torch.Tensor) -> torch.Tensor | None:
+        """An elementwise (B, N, C) factor on the output before `proj`; None for none."""
+        return None
+
+    # -- the core: override both together for a non-kernelized operator ------------------------
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, D) output from fp32 q, k, v, in time linear in N."""
+        fq, fk = self.features(q, k)
+        out = kernel_attention(fq.float(), fk.float(), v, self.eps)
+        extra = self.mix(v)
+        return out if extra is None else out + extra
+
+    def implicit(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> ImplicitAttention:
+        """What `attend` applies, as matrices."""
+        fq, fk = self.features(q, k)
+        mix, bias = self.mix_matrices(q.shape[-2])
+        return ImplicitAttention(attn=kernel_matrix(fq.float(), fk.float(), self.eps), v=v, mix=mix, bias=bias)
+
+    # -- shared ------------------------------------------------------------------------------
     def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, n, c = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
@@ -129,40 +191,33 @@ class LinearAttention(nn.Module):
                 is_causal: bool = False) -> torch.Tensor:
         if attn_mask is not None or is_causal:
             raise ValueError(f"attention variant {self.variant!r} is non-causal and takes no mask")
-        b, n, c = x.shape
         q, k, v = self.split_heads(x)
-        fq, fk = self.features(q, k)
+        # The core runs in fp32 whatever the autocast dtype: its normalizer sums over all tokens.
         with torch.autocast(device_type=x.device.type, enabled=False):
-            fq, fk, vf = fq.float(), fk.float(), v.float()
-            # Means instead of sums keep both contractions O(1) in N, so no overflow at long N.
-            kv = torch.einsum("bhnf,bhnd->bhfd", fk, vf) / n
-            den = torch.einsum("bhnf,bhf->bhn", fq, fk.mean(dim=2))
-            out = torch.einsum("bhnf,bhfd->bhnd", fq, kv) / (den.unsqueeze(-1) + self.eps)
-            extra = self.mix(vf)
-            if extra is not None:
-                out = out + extra
-        out = out.to(v.dtype).transpose(1, 2).reshape(b, n, c)
+            out = merge_heads(self.attend(q.float(), k.float(), v.float()))
+        out = out.to(v.dtype)
+        g = self.gate(x)
+        if g is not None:
+            out = out * g.to(out.dtype)
         return self.proj_drop(self.proj(out))
 
     @torch.no_grad()
     def implicit_attention(self, x: torch.Tensor) -> ImplicitAttention:
-        """The N x N matrices this operator applies to V for input x (quadratic: for analysis only)."""
+        """The matrices this operator applies to V for input x (quadratic: for analysis only)."""
         return self._implicit(x)
 
     def _implicit(self, x: torch.Tensor) -> ImplicitAttention:
-        n = x.shape[1]
         q, k, v = self.split_heads(x)
-        fq, fk = (t.float() for t in self.features(q, k))
-        scores = fq @ fk.transpose(-2, -1) / n
-        attn = scores / (scores.sum(dim=-1, keepdim=True) + self.eps)
-        mix, bias = self.mix_matrices(n)
-        return ImplicitAttention(attn=attn, v=v.float(), mix=mix, bias=bias)
+        imp = self.implicit(q.float(), k.float(), v.float())
+        g = self.gate(x)
+        imp.gate = g.float() if g is not None else None
+        return imp
 
     def attention_maps(self, x: torch.Tensor, grad: bool = False) -> torch.Tensor:
-        """The per-head token-mixing matrix (B, H, N, N); with grad=True, differentiable."""
+        """Row-stochastic per-head maps (B, H, N, N) (see ImplicitAttention.maps)."""
         if grad:
-            return self._implicit(x).attn
-        return self.implicit_attention(x).attn
+            return self._implicit(x).maps()
+        return self.implicit_attention(x).maps()
 
 
 def softmax_attention_maps(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:

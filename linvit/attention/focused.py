@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import LinearAttention, register_attention
+from .base import LinearAttention, merge_heads, register_attention
 
 
 @register_attention("focused")
 class FocusedAttention(LinearAttention):
     eps = 1e-6
+    positional = True
 
     def __init__(self, dim, num_heads=8, *, focusing_factor: float = 3.0, kernel_size: int = 5, **kw):
         super().__init__(dim, num_heads, **kw)
@@ -33,10 +34,6 @@ class FocusedAttention(LinearAttention):
                              groups=self.head_dim)
         nn.init.zeros_(self.dwc.weight)
         nn.init.zeros_(self.dwc.bias)
-
-    def _merge(self, t):  # (B, H, N, D) -> (B, N, H*D)
-        b, h, n, d = t.shape
-        return t.transpose(1, 2).reshape(b, n, h * d)
 
     def _split(self, t):  # (B, N, H*D) -> (B, H, N, D)
         b, n, c = t.shape
@@ -51,7 +48,7 @@ class FocusedAttention(LinearAttention):
 
     def features(self, q, k):
         # Features are computed over all channels and then split, as FLatten does.
-        q, k = self._merge(q).float(), self._merge(k).float()
+        q, k = merge_heads(q).float(), merge_heads(k).float()
         patches = self.patch_slice(k.shape[1])
         k = torch.cat([k[:, :patches.start], k[:, patches] + self.positional_encoding.float()], dim=1)
         return self._split(self._focus(q)), self._split(self._focus(k))

@@ -80,6 +80,41 @@ def cmd_report(args):
     print(f"report: wrote {len(paths)} files under {args.out}")
 
 
+def cmd_variants(args):
+    import pandas as pd
+
+    from .attention import available_variants
+    from .models import DEIT_DEFAULTS, SIZE_DEFAULTS, build_vit, size_spec
+    from .transfer import group_sizes
+
+    size_spec(args.size)
+    rows = []
+    for v in available_variants():
+        sizes = group_sizes(build_vit(args.size, variant=v, **SIZE_DEFAULTS.get(args.size, DEIT_DEFAULTS)))
+        rows.append({"variant": v, "params": sum(sizes.values()), "attn": sizes["attn"],
+                     "attn_extra (operator-specific)": sizes["attn_extra"]})
+    print(f"operators at size {args.size}:")
+    print(pd.DataFrame(rows).to_string(index=False))
+
+
+def cmd_benchmark(args):
+    from .benchmark import run_benchmark, summarize
+    from .io import atomic_path
+
+    tokens = [int(t) for t in args.tokens.split(",")]
+    df = run_benchmark(args.variants.split(",") if args.variants else None, tokens,
+                       max_softmax_tokens=args.max_softmax_tokens, batch=args.batch, heads=args.heads,
+                       head_dim=args.head_dim)
+    with atomic_path(args.out) as tmp:
+        df.to_csv(tmp, index=False)
+    table = df.pivot(index="variant", columns="tokens", values="seconds") * 1e3
+    print("forward+backward ms (batch %d, %d heads, head dim %d):" % (args.batch, args.heads, args.head_dim))
+    print(table.round(2).to_string())
+    low, high = tokens[0], (4096 if 4096 in tokens else tokens[-1])
+    print(summarize(df, low, high).round(2).to_string(index=False))
+    print(f"wrote {args.out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="linvit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"linvit {__version__}")
@@ -109,6 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
             "run", "teacher", "shards", "out")
     command("report", cmd_report, "aggregate results/ into tables, figures and claim verdicts",
             "results", "out")
+    variants = sub.add_parser("variants", help="list the attention operators and their parameter counts")
+    variants.add_argument("--size", default="micro", help="model size (default micro)")
+    variants.set_defaults(fn=cmd_variants)
+    bench = sub.add_parser("benchmark", help="forward+backward time of every operator against tokens, beside softmax")
+    bench.add_argument("--tokens", default="256,1024,4096,16384", help="comma-separated square token counts")
+    bench.add_argument("--variants", default="", help="comma-separated operators (default: all)")
+    bench.add_argument("--batch", type=int, default=2)
+    bench.add_argument("--heads", type=int, default=4)
+    bench.add_argument("--head-dim", type=int, default=32)
+    bench.add_argument("--max-softmax-tokens", type=int, default=16384,
+                       help="skip softmax above this many tokens (its cost is quadratic)")
+    bench.add_argument("--threads", type=int, default=0)
+    bench.add_argument("--out", default="results/benchmark/attention.csv")
+    bench.set_defaults(fn=cmd_benchmark)
     return parser
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from timm.models import register_model
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from .attention import attention_class
+from .attention import ATTENTION, attention_class
+from .attention.base import ON_REGISTER
 
 # Shapes only: image size and channels come from the dataset's manifest.
 SIZES: dict[str, dict] = {
@@ -62,3 +64,33 @@ def swap_attention(model: VisionTransformer, variant: str, **variant_kwargs) -> 
 def model_variant(model: nn.Module) -> str:
     """The attention variant a ViT currently runs ('softmax' for timm's own attention)."""
     return getattr(model.blocks[0].attn, "variant", SOFTMAX)
+
+
+# Input shape and classes a size is built with when nothing says otherwise (timm entry points).
+SIZE_DEFAULTS = {"micro": dict(img_size=28, in_chans=1, num_classes=10),
+                 "mini": dict(img_size=28, in_chans=1, num_classes=10)}
+DEIT_DEFAULTS = dict(img_size=224, in_chans=3, num_classes=1000)
+
+
+def _register_timm(variant: str) -> None:
+    """`timm.create_model("linvit_<size>_<variant>")` for every size, like timm's own entries."""
+    for size in SIZES:
+        name = f"linvit_{size}_{variant}"
+
+        def create(pretrained: bool = False, *, _size=size, _variant=variant, **kwargs) -> VisionTransformer:
+            if pretrained:
+                raise ValueError(f"{name}: no pretrained weights; load a checkpoint with load_state_dict")
+            for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm's own
+                kwargs.pop(key, None)
+            args = {**SIZE_DEFAULTS.get(_size, DEIT_DEFAULTS), **kwargs}
+            return build_vit(_size, variant=_variant, **args)
+
+        create.__name__ = name
+        create.__qualname__ = name
+        create.__module__ = __name__
+        register_model(create)
+
+
+for _variant in list(ATTENTION):
+    _register_timm(_variant)
+ON_REGISTER.append(_register_timm)

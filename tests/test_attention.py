@@ -36,7 +36,13 @@ def test_forward_equals_implicit_matrix_applied_to_v(variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_implicit_matrix_is_non_negative_and_row_normalized(variant):
     attn = make(variant)
-    a = attn.implicit_attention(torch.randn(3, 13, 32)).attn
+    imp = attn.implicit_attention(torch.randn(3, 13, 32))
+    maps = imp.maps()
+    assert maps.shape == (3, attn.num_heads, 13, 13) and (maps >= 0).all()
+    torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]), rtol=0, atol=1e-4)
+    if not attn.row_normalized:
+        return
+    a = imp.attn
     assert (a >= 0).all()
     rows = a.sum(-1)
     # The normalizer's eps only ever shrinks a row (to zero where every feature vanishes).
@@ -80,3 +86,53 @@ def test_softmax_maps_match_timm_attention_output():
         q, k, v = attn.qkv(x).reshape(2, 50, 3, 4, 16).permute(2, 0, 3, 1, 4).unbind(0)
         out = attn.proj((maps @ v).transpose(1, 2).reshape(2, 50, 64))
         torch.testing.assert_close(out, attn(x), rtol=1e-4, atol=1e-5)
+
+
+# -- half precision -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_half_precision_autocast_is_finite_on_large_activations(variant, dtype):
+    attn = make(variant)
+    x = 100 * torch.randn(2, 13, 32)
+    with torch.autocast("cpu", dtype=dtype):
+        out = attn(x)
+    assert torch.isfinite(out).all(), f"{variant} under {dtype} autocast gave inf/NaN"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bf16_autocast_matches_fp32(variant):
+    attn = make(variant)
+    x = torch.randn(2, 13, 32)
+    with torch.no_grad():
+        reference = attn(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            half = attn(x).float()
+    # bf16 keeps 8 bits of mantissa: compare relative to the output's scale.
+    err = (half - reference).abs().max() / reference.abs().max()
+    assert err < 0.05, f"{variant}: bf16 deviates by {err:.3f} of the output scale"
+
+
+# -- properties over random shapes ----------------------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None)
+@given(variant=st.sampled_from(VARIANTS), batch=st.integers(1, 3), heads=st.sampled_from([1, 2, 4]),
+       head_dim=st.sampled_from([4, 8, 16]), gh=st.integers(2, 6), gw=st.integers(2, 6),
+       prefix=st.integers(0, 2), seed=st.integers(0, 2**16))
+def test_property_finite_shape_kept_and_permutation_equivariant(variant, batch, heads, head_dim, gh, gw, prefix,
+                                                                 seed):
+    dim = heads * head_dim
+    torch.manual_seed(seed)
+    attn = ATTENTION[variant](dim, heads, qkv_bias=True, grid_size=(gh, gw), num_prefix_tokens=prefix).eval()
+    n = prefix + gh * gw
+    x = torch.randn(batch, n, dim)
+    with torch.no_grad():
+        out = attn(x)
+        assert out.shape == x.shape and torch.isfinite(out).all()
+        if not attn.positional:
+            # Permuting the patch tokens permutes the output the same way.
+            perm = torch.cat([torch.arange(prefix), prefix + torch.randperm(gh * gw)])
+            torch.testing.assert_close(attn(x[:, perm]), out[:, perm], rtol=1e-4, atol=1e-5)

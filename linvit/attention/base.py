@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 ATTENTION: dict[str, type["LinearAttention"]] = {}
+# Called with each newly registered name (models.py registers the timm entry points this way).
+ON_REGISTER: list = []
 
 
 def register_attention(name: str):
@@ -28,6 +30,8 @@ def register_attention(name: str):
             raise ValueError(f"attention variant {name!r} is registered twice")
         cls.variant = name
         ATTENTION[name] = cls
+        for hook in ON_REGISTER:
+            hook(name)
         return cls
 
     return wrap
@@ -88,7 +92,9 @@ class ImplicitAttention:
         averaged, negative weights (rotary terms) clipped, rows renormalized."""
         a = self.attn.mean(dim=2) if self.attn.dim() == 5 else self.attn
         a = a.clamp_min(0)
-        return a / a.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+        rows = a.sum(dim=-1, keepdim=True)
+        # A row with no weight at all (every feature zero) says nothing: read it as uniform.
+        return torch.where(rows > 1e-12, a / rows.clamp_min(1e-12), torch.full_like(a, 1 / a.shape[-1]))
 
 
 def merge_heads(t: torch.Tensor) -> torch.Tensor:
@@ -124,6 +130,9 @@ class LinearAttention(nn.Module):
     variant = "base"
     eps = 1e-6
     positional = False  # True when token positions matter (no permutation equivariance)
+    # False when the implicit matrix is not non-negative with rows summing to at most one
+    # (rotary terms in the numerator, or no normalizer at all).
+    row_normalized = True
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, proj_bias: bool = True,
                  attn_drop: float = 0.0, proj_drop: float = 0.0,

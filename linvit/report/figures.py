@@ -131,3 +131,23 @@ def _select(frame: pd.DataFrame, dataset: str, size: str, variant: str) -> pd.Da
 
 def _no_results(ax) -> None:
     ax.text(0.5, 0.5, "no results", ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+def attention_scaling(bench: pd.DataFrame, out_dir: str | Path) -> list[Path]:
+    """Forward+backward seconds against tokens, log-log, one line per operator (softmax dashed)."""
+    fig = Figure(figsize=(6.5, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    linear = [v for v in bench["variant"].unique() if v != REFERENCE_VARIANT]
+    colors = dict(zip(linear, _init_colors(len(linear))))
+    for variant, g in bench.groupby("variant", sort=False):
+        g = g.sort_values("tokens")
+        style = REFERENCE_STYLE if variant == REFERENCE_VARIANT else {"color": colors[variant], "linewidth": 1.5}
+        ax.plot(g["tokens"], g["seconds"], marker="o", markersize=3, label=variant, **style)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens N")
+    ax.set_ylabel("forward + backward time (s)")
+    ax.legend(fontsize=8, ncol=2, frameon=False)
+    ax.grid(True, which="both", alpha=0.3)
+    return save_figure(fig, Path(out_dir) / "attention_scaling")

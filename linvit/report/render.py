@@ -38,13 +38,16 @@ def write_report(config: dict, results: str | Path, report_dir: str | Path) -> l
     written.append(write_text(report_dir / "claims.json", claims_json + "\n"))
     figures = write_figures(runs, curves, config, report_dir / "figures")
     written.extend(figures)
-    readme = render_readme(config, runs, summary, verdicts, costs, [f.relative_to(report_dir) for f in figures])
+    scaling = _scaling_section(results, report_dir)
+    written.extend(scaling[1])
+    readme = render_readme(config, runs, summary, verdicts, costs, [f.relative_to(report_dir) for f in figures],
+                           scaling[0])
     written.append(write_text(report_dir / "README.md", readme))
     return written
 
 
 def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdicts: list[ClaimVerdict],
-                  costs: pd.DataFrame, figures: list[Path]) -> str:
+                  costs: pd.DataFrame, figures: list[Path], scaling: str = "") -> str:
     sections = [
         "# linvit report\n\nRegenerated from `results/` by `linvit.report`; every number below comes from the "
         "runs' own result files. Accuracies are top-1 on each target's test split; std is over seeds.",
@@ -57,6 +60,8 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
         "## Cost\n\n" + _cost_section(costs),
         "## Missing cells\n\n" + _missing_section(runs),
     ]
+    if scaling:
+        sections.insert(-1, scaling)
     return "\n\n".join(s.rstrip() for s in sections) + "\n"
 
 
@@ -96,6 +101,28 @@ def _grid_section(config: dict, runs: pd.DataFrame) -> str:
     n_ok = int((runs["status"] == "ok").sum())
     lines.append(f"- Cells: {len(runs)} expected (students and softmax references), {n_ok} finished, {len(runs) - n_ok} missing")
     return "\n".join(lines)
+
+
+def _scaling_section(results: Path, report_dir: Path) -> tuple[str, list[Path]]:
+    """The operator benchmark (results/benchmark/attention.csv, from `linvit benchmark`), if it was run."""
+    from linvit.benchmark import summarize
+    from linvit.report.figures import attention_scaling
+
+    path = results / "benchmark" / "attention.csv"
+    if not path.exists():
+        return "", []
+    bench = pd.read_csv(path)
+    figures = attention_scaling(bench, report_dir / "figures")
+    tokens = sorted(bench["tokens"].unique())
+    high = 4096 if 4096 in tokens else tokens[-1]
+    table = (bench.pivot(index="variant", columns="tokens", values="seconds") * 1e3).round(2)
+    text = ("## Operator scaling\n\nForward + backward milliseconds per operator from `" + path.as_posix()
+            + "` (one process, operators measured side by side), and per operator the growth from "
+            f"{tokens[0]} to {high} tokens, the speedup over softmax (SDPA) at {high}, and the smallest measured "
+            "token count from which it beats softmax.\n\n" + _markdown(table.reset_index()) + "\n\n"
+            + _markdown(summarize(bench, tokens[0], high).round(2)) + "\n\n"
+            + _figures_section([f.relative_to(report_dir) for f in figures]))
+    return text, figures
 
 
 def _figures_section(figures: list[Path]) -> str:

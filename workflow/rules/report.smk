@@ -39,3 +39,14 @@ onerror:
         with open("results/logs/report_partial.log", "w") as partial_log:
             subprocess.run(["linvit", "report", "--config-json", REPORT_CFG, "--results", "results",
                             "--out", "report"], stdout=partial_log, stderr=subprocess.STDOUT)
+
+
+# The operator benchmark (not part of `all`: it should run on an otherwise idle machine).
+rule benchmark:
+    output:
+        "results/benchmark/attention.csv",
+    log:
+        "results/logs/benchmark.log",
+    threads: workflow.cores
+    shell:
+        "linvit benchmark --out {output} --threads {threads} 2> {log}"

@@ -1,0 +1,83 @@
+"""Operator benchmarks: forward+backward time against the number of tokens, beside softmax (SDPA).
+
+Every operator runs on the same shapes in one process, one after another, so the ratios are
+measured side by side. Timings are medians of repeated runs after a warm-up.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+from .attention import ATTENTION, available_variants
+
+REFERENCE = "softmax"
+
+
+def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_dim: int = 32,
+                  repeats: int = 3, min_seconds: float = 0.2) -> float:
+    """Median seconds of one forward+backward pass on (batch, tokens, heads*head_dim) patch tokens."""
+    side = int(math.isqrt(tokens))
+    if side * side != tokens:
+        raise ValueError(f"benchmark token counts must be square patch grids; {tokens} is not")
+    torch.manual_seed(0)
+    dim = heads * head_dim
+    op = ATTENTION[variant](dim, heads, qkv_bias=True, grid_size=(side, side), num_prefix_tokens=0)
+    x = torch.randn(batch, tokens, dim, requires_grad=True)
+
+    def step():
+        op.zero_grad(set_to_none=True)
+        x.grad = None
+        op(x).sum().backward()
+
+    step()  # warm-up (allocations, kernel selection)
+    times = []
+    for _ in range(repeats):
+        runs, start = 0, time.perf_counter()
+        while runs < 1 or time.perf_counter() - start < min_seconds:
+            step()
+            runs += 1
+        times.append((time.perf_counter() - start) / runs)
+    return statistics.median(times)
+
+
+def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax_tokens: int = 16384,
+                  **shape) -> "pd.DataFrame":
+    """One row per (operator, tokens): seconds, and the ratio to softmax at the same tokens."""
+    import pandas as pd
+
+    variants = list(variants or available_variants())
+    if REFERENCE not in variants:
+        variants.insert(0, REFERENCE)
+    rows = []
+    for n in tokens:
+        for v in variants:
+            if v == REFERENCE and n > max_softmax_tokens:
+                continue
+            seconds = time_operator(v, n, **shape)
+            rows.append({"variant": v, "tokens": n, "seconds": seconds})
+            print(f"benchmark: {v:>10} N={n:>6}: {seconds * 1e3:9.2f} ms", file=sys.stderr, flush=True)
+    df = pd.DataFrame(rows)
+    ref = df[df.variant == REFERENCE].set_index("tokens")["seconds"]
+    df["speedup_vs_softmax"] = [ref.get(n, float("nan")) / s for n, s in zip(df.tokens, df.seconds)]
+    return df
+
+
+def summarize(df: "pd.DataFrame", low: int = 256, high: int = 4096) -> "pd.DataFrame":
+    """Per operator: growth of time from `low` to `high` tokens, speedup over softmax at `high`, and
+    the smallest measured token count from which it is faster than softmax."""
+    import pandas as pd
+
+    rows = []
+    for v, g in df.groupby("variant", sort=False):
+        t = g.set_index("tokens")["seconds"]
+        faster = g[g.speedup_vs_softmax > 1].tokens
+        rows.append({"variant": v,
+                     f"growth_{low}_to_{high}": t.get(high, float("nan")) / t.get(low, float("nan")),
+                     f"speedup_vs_softmax_at_{high}": g.set_index("tokens")["speedup_vs_softmax"].get(high),
+                     "faster_than_softmax_from": int(faster.min()) if len(faster) else None})
+    return pd.DataFrame(rows)

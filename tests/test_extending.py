@@ -1,0 +1,50 @@
+"""Adding an operator is one registered entry: a toy operator defined here trains through the normal path."""
+
+import json
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+from linvit.attention import ATTENTION, LinearAttention, register_attention
+from linvit.config import validate
+from linvit.steps import run_shards, run_student, run_teacher
+
+CONFIG = {
+    "seeds": [0], "sizes": ["micro"], "variants": ["elu"], "targets": ["synthetic"], "inits": ["copy_mlp"],
+    "datasets": {"synthetic": {"source": "synthetic", "num_classes": 4, "train_samples": 64, "test_samples": 32}},
+    "shards": {"samples_per_shard": 64},
+    "teacher": {"dataset": "synthetic", "train": {"steps": 2, "batch_size": 16, "lr": 1e-3}},
+    "student": {"train": {"steps": 1, "batch_size": 16, "lr": 1e-3}},
+    "distill": {"loss": "mse", "train": {"steps": 1, "batch_size": 16, "lr": 1e-3}},
+    "init_strategies": {"copy_mlp": {"copy": ["embed", "mlp", "norm", "head"], "distill": False}},
+}
+
+
+@pytest.fixture
+def toy():
+    @register_attention("toy_sigmoid")
+    class ToySigmoid(LinearAttention):
+        """sigmoid features: the smallest possible new operator."""
+
+        def features(self, q, k):
+            return torch.sigmoid(q), torch.sigmoid(k)
+
+    yield "toy_sigmoid"
+    del ATTENTION["toy_sigmoid"]
+
+
+def test_a_toy_operator_trains_a_student_through_the_normal_path(toy, tmp_path):
+    config = {**CONFIG, "variants": [toy]}
+    validate(config)  # the grid accepts it by name
+    run_shards(config, "synthetic", tmp_path / "shards")
+    run_teacher(config, "micro", 0, tmp_path / "shards", tmp_path / "teacher")
+    metrics = run_student(config, "synthetic", "micro", toy, "copy_mlp", 0, tmp_path / "teacher",
+                          tmp_path / "shards", tmp_path / "student")
+    assert metrics["steps"] == 1 and 0 <= metrics["test_acc"] <= 1
+    assert json.loads((tmp_path / "student" / "model.json").read_text())["variant"] == toy
+    # ... and timm knows it too.
+    model = timm.create_model(f"linvit_micro_{toy}")
+    assert type(model.blocks[0].attn).__name__ == "ToySigmoid"
+    assert model(torch.randn(1, 1, 28, 28)).shape == (1, 10)

@@ -51,13 +51,13 @@ def swap_attention(model: VisionTransformer, variant: str, **variant_kwargs) -> 
         block.attn = cls(dim, old.num_heads, qkv_bias=old.qkv.bias is not None,
                          proj_bias=old.proj.bias is not None, grid_size=grid,
                          num_prefix_tokens=model.num_prefix_tokens, **variant_kwargs)
-    # Start the new operators the way timm initializes a ViT's linear layers.
+    # qkv and proj start the way timm initializes a ViT's linear layers; operator-specific
+    # parameters keep the operator's own initialization (identity maps, zero convs, open gates).
     for block in model.blocks:
-        for m in block.attn.modules():
-            if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
+        for m in (block.attn.qkv, block.attn.proj):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
     return model
 
 

@@ -1,0 +1,123 @@
+"""Performer / FAVOR+ (Choromanski et al. 2021, "Rethinking Attention with Performers", ICLR 2021).
+
+Positive orthogonal random features approximating the softmax kernel exp(q . k / sqrt(d)), per
+head (head dim d, m random features, W the (m, d) projection, rows w_r):
+
+    q' = d^-1/4 q,  k' = d^-1/4 k                                (data normalizer: the softmax
+                                                                   scale d^-1/2 split over q and k)
+    phi(q')_r = m^-1/2 (exp(w_r . q' - |q'|^2 / 2 - max_r' w_r' . q') + eps_k)          (queries)
+    phi(k')_r = m^-1/2 (exp(w_r . k' - |k'|^2 / 2 - max_{r', j} w_r' . k'_j) + eps_k)   (keys)
+    out_i = sum_j phi(q'_i) . phi(k'_j) v_j / sum_j phi(q'_i) . phi(k'_j)
+
+computed in O(N) by contracting phi(K)^T V first. The max terms and eps_k = 1e-4 are the
+numerical stabilizer of the official implementations (google-research `performer/fast_attention`,
+lucidrains `performer-pytorch`): the query max is per token (over features), the key max is over
+all tokens and features of a head; both are constants taken without gradient (as in
+performer-pytorch). There is no eps in the normalizer (as in both official codes): every feature
+is at least m^-1/2 eps_k > 0, so the denominator is positive.
+
+Projection W: m = round(d ln d) rows (d = 64 -> 266; d = 32 -> 111), drawn as in the official
+`gaussian_orthogonal_random_matrix` with scaling 0: stacked blocks of d x d orthogonal matrices
+(Q of the QR of a Gaussian matrix, transposed; the last block truncated), each row rescaled by
+the norm of an independent d-dimensional Gaussian vector, so rows are marginally N(0, I_d) and
+exactly orthogonal within a block. One W is shared by all heads (as in both official codes). It
+is a persistent buffer `projection` (not a parameter: it is not trained and belongs to no
+parameter group), drawn from a private generator seeded with `feature_seed`, so the same model is
+reproducible whatever the global RNG state, and checkpoints carry it.
+
+Extra parameters: none (attn_extra is empty). Copies from softmax: `qkv` and `proj` entirely;
+with d^-1/4 on q and k the operator approximates the teacher's softmax(q k^T / sqrt(d)) itself.
+Defaults: nb_features = round(d ln d), kernel_eps = 1e-4, feature_seed = 0. The Performer paper
+has no ViT/DeiT experiment, so these are the paper's / official code's general defaults.
+
+Deliberate differences from the paper / official code:
+- No feature redrawing (the paper's optional periodic resampling of W during training): W is a
+  fixed seeded buffer so that a checkpoint determines the model and its outputs.
+- W is seeded by `feature_seed` (default 0) instead of the global RNG, so by default every layer
+  of a model uses the same W (the official code draws one per layer); pass different
+  `feature_seed`s to vary it. The random matrices are drawn (and QR-factorized) in float64 and
+  stored in float32.
+- Implementation only (same values up to fp32 rounding): the contractions use means over tokens
+  instead of sums (identical after normalization; keeps the fp32 sums from growing with N), and
+  the constant m^-1/2 eps_k of every feature is added analytically to the small contracted
+  matrices instead of to the (B, H, N, m) feature tensors (`features`, used by `implicit`, adds
+  it explicitly).
+
+Numerics: everything runs in fp32 (the base disables autocast). Every exponent is <= 0, so
+nothing overflows; on very large activations exp(-|x'|^2/2) underflows and the features fall to
+their eps_k floor, so attention tends to uniform rows -- the official stabilizer's behaviour.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import LinearAttention, register_attention
+
+
+def orthogonal_random_features(nb_features: int, dim: int, generator: torch.Generator) -> torch.Tensor:
+    """(nb_features, dim) Gaussian orthogonal random matrix (scaling 0 of the official code)."""
+    blocks = []
+    for _ in range(math.ceil(nb_features / dim)):
+        gauss = torch.randn(dim, dim, generator=generator, dtype=torch.float64)
+        q, _ = torch.linalg.qr(gauss, mode="reduced")
+        blocks.append(q.T)  # rows orthonormal
+    ortho = torch.cat(blocks)[:nb_features]
+    norms = torch.randn(nb_features, dim, generator=generator, dtype=torch.float64).norm(dim=1)
+    return (norms.unsqueeze(1) * ortho).float()
+
+
+def default_nb_features(head_dim: int) -> int:
+    return max(1, round(head_dim * math.log(head_dim))) if head_dim > 1 else 1
+
+
+@register_attention("performer")
+class PerformerAttention(LinearAttention):
+    eps = 0.0  # no eps in the normalizer: the features are bounded below by m^-1/2 kernel_eps
+
+    def __init__(self, dim, num_heads=8, *, nb_features: int | None = None, kernel_eps: float = 1e-4,
+                 feature_seed: int = 0, **kw):
+        super().__init__(dim, num_heads, **kw)
+        self.nb_features = nb_features if nb_features is not None else default_nb_features(self.head_dim)
+        self.kernel_eps = kernel_eps
+        self.feature_seed = feature_seed
+        gen = torch.Generator().manual_seed(feature_seed)
+        self.register_buffer("projection", orthogonal_random_features(self.nb_features, self.head_dim, gen),
+                             persistent=True)
+
+    def _exp_features(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
+        """The features without their constant m^-1/2 kernel_eps: m^-1/2 exp(w.x' - |x'|^2/2 - stab)."""
+        b, h, n, d = x.shape
+        x = x * d ** -0.25  # the data normalizer
+        half_sq = 0.5 * (x * x).sum(dim=-1, keepdim=True)
+        # w.x' - |x'|^2/2 as one (B*H*N, d+1) x (d+1, m) product of [x', |x'|^2/2] and [W, -1]
+        # (a batched product of skinny matrices is slow on CPUs, and this way the backward pass
+        # needs no separate reduction for the |x'|^2 term).
+        w = self.projection.to(x.dtype)
+        w = torch.cat([w, -torch.ones_like(w[:, :1])], dim=1)
+        z = (torch.cat([x, half_sq], dim=-1).reshape(-1, d + 1) @ w.T).reshape(b, h, n, -1)
+        with torch.no_grad():  # the stabilizer: max of w.x' per query token, per head for keys
+            stab = z.amax(dim=-1, keepdim=True) + half_sq
+            if not is_query:
+                stab = stab.amax(dim=-2, keepdim=True)
+            stab = stab + 0.5 * math.log(self.nb_features)  # m^-1/2 folded into the exponent
+        return torch.exp(z - stab)
+
+    def features(self, q, k):
+        c = self.nb_features ** -0.5 * self.kernel_eps
+        return self._exp_features(q, True) + c, self._exp_features(k, False) + c
+
+    def attend(self, q, k, v):
+        # The base's kernel_attention (eps = 0) with the constant c = m^-1/2 kernel_eps of every
+        # feature added analytically: phi = e + c, so phi(K)^T [V, 1] = e(K)^T [V, 1] + c sum_j [v_j, 1]
+        # and phi(Q) M = e(Q) M + c sum_r M_r. Numerator and normalizer come from one product.
+        c = self.nb_features ** -0.5 * self.kernel_eps
+        eq, ek = self._exp_features(q, True), self._exp_features(k, False)
+        n = ek.shape[-2]
+        va = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1) / n  # (B, H, N, D + 1)
+        # Written as [V, 1]^T e(K), (D + 1, m), so that no gradient comes out transposed.
+        vk = va.transpose(-1, -2) @ ek + c * va.sum(dim=-2).unsqueeze(-1)
+        out = eq @ vk.transpose(-1, -2) + c * vk.sum(dim=-1).unsqueeze(-2)
+        return out[..., :-1] / (out[..., -1:] + self.eps)

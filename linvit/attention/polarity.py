@@ -1,0 +1,175 @@
+"""Polarity-aware linear attention (PolaFormer: Meng, Luo, Li, Jiang and Zhang, ICLR 2025,
+"PolaFormer: Polarity-aware Linear Attention for Vision Transformers").
+
+Formula as implemented, per head (D channels, head_dim even), following the official code
+(ZacharyMeng/PolaFormer, PolaLinearAttention):
+
+    s = softplus(scale)                                       (per channel of C = H*D)
+    q' = q / s,   k' = (k + pe) / s                           (pe on patch keys only)
+    p = 1 + alpha * sigmoid(power)                            (per head and channel, alpha = 4)
+    phi(x) = [relu(x')^p, relu(-x')^p]                        (positive and negative parts, 2D)
+    phi_sim(q) = [relu(q')^p, relu(-q')^p],  phi_opp(q) = [relu(-q')^p, relu(q')^p]
+    O_sim = sum_j phi_sim(q_i).phi(k_j) v1_j / n / (sum_j phi_sim(q_i).phi(k_j) / n + eps)
+    O_opp = sum_j phi_opp(q_i).phi(k_j) v2_j / n / (sum_j phi_opp(q_i).phi(k_j) / n + eps)
+    out   = ([O_sim, O_opp] + DWC_5x5(v)) * g,   g = x W_g^T + b_g
+
+where v = [v1, v2] splits each head's value channels into halves: the same-signed interactions
+(q+k+ and q-k-) mix the first half, the opposite-signed ones (q+k- and q-k+) the second, each with
+its own normalizer (ImplicitAttention's (B, H, 2, N, N) grouped form). eps = 1e-6 as in the
+official code. DWC is a depthwise 5x5 convolution on the patch grid, one filter per head channel
+shared by the heads (as in the official code), whose output is added before the gate.
+
+Extra parameters (attn_extra group; shapes as in the official code) and their init:
+  power (1, H, 1, D)      zeros: p = 1 + 4 * sigmoid(0) = 3 on every channel (official init)
+  scale (1, 1, C)         zeros: softplus(0) = ln 2 (official init; with equal exponents it is a
+                          common factor of all features, so it cancels in the normalizer)
+  positional_encoding (1, gh*gw, C)   zeros (official init), added to the patch keys
+  dwc (Conv2d D->D, 5x5, groups=D)    zero weight and bias (official: PyTorch default init)
+  gate_proj (Linear C->C)             zero weight, bias ones: g = 1, the gate starts as the identity
+So the operator starts as its pure polarity core with p = 3. Copies from a softmax checkpoint:
+`qkv` and `proj`. Defaults: alpha = 4, kernel_size = 5 (the paper's ViT/DeiT settings).
+
+Deliberate differences from the official code:
+- The gate g has its own Linear (`gate_proj`) instead of sharing one with q (official `qg`),
+  because q comes from the softmax checkpoint's `qkv`; and it starts as the identity (zero weight,
+  bias one, so it has a bias even without qkv_bias) where the official gate is trained from
+  scratch from a std-0.02 init (g ~ 0), which would silence a transferred checkpoint.
+- Class/prefix tokens: they take part in the attention as queries and keys like every token, but
+  get neither the positional term (added to patch keys only) nor the convolution (the official
+  PolaFormer backbones have no class token).
+- Numerical safety (same values up to rounding): phi(k) is divided by its maximum over tokens and
+  channels (per batch and head); the factor cancels between numerator and normalizer, and eps is
+  divided by it too (in log space, exponent clamped to [-60, 60]) so that the normalizer's eps
+  keeps its official meaning. Without this, sums of phi(q).phi(k) for activations 100x their
+  usual scale (x^5 * y^5) overflow fp32. |x'| is capped at 1e6 before the power (x^5 < 3e38),
+  far beyond any activation.
+- `scale` and the key positional term come from the official code (inherited from FLatten) rather
+  than the paper's equations; `positional_encoding=False` drops the latter.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import ImplicitAttention, LinearAttention, register_attention
+
+_X_MAX = 1e6
+
+
+@register_attention("polarity")
+class PolarityAttention(LinearAttention):
+    eps = 1e-6
+    positional = True
+
+    def __init__(self, dim, num_heads=8, *, alpha: float = 4.0, kernel_size: int = 5,
+                 positional_encoding: bool = True, **kw):
+        super().__init__(dim, num_heads, **kw)
+        if self.grid_size is None:
+            raise ValueError("attention variant 'polarity' needs grid_size (patch rows, cols)")
+        if self.head_dim % 2:
+            raise ValueError(f"attention variant 'polarity' splits each head's values into halves: "
+                             f"head_dim {self.head_dim} must be even")
+        self.alpha = alpha
+        self.power = nn.Parameter(torch.zeros(1, num_heads, 1, self.head_dim))
+        self.scale = nn.Parameter(torch.zeros(1, 1, dim))
+        gh, gw = self.grid_size
+        self.positional_encoding = (nn.Parameter(torch.zeros(1, gh * gw, dim))
+                                    if positional_encoding else None)
+        self.dwc = nn.Conv2d(self.head_dim, self.head_dim, kernel_size, padding=kernel_size // 2,
+                             groups=self.head_dim)
+        nn.init.zeros_(self.dwc.weight)
+        nn.init.zeros_(self.dwc.bias)
+        self.gate_proj = nn.Linear(dim, dim)
+        nn.init.zeros_(self.gate_proj.weight)
+        nn.init.ones_(self.gate_proj.bias)
+
+    # -- features --------------------------------------------------------------------------------
+    def _powers(self, x, inv_scale, p):
+        """[relu(x')^p, relu(-x')^p] (B, H, N, 2D) for x' = x / softplus(scale). |x'| is capped at
+        1e6 so that x'^p (p <= 5) stays finite in fp32; activations never come near it."""
+        powered = (x.abs() * inv_scale).clamp_max(_X_MAX) ** p  # one power for both signs
+        return torch.cat([powered * (x > 0), powered * (x < 0)], dim=-1)
+
+    def features(self, q, k):
+        """phi(q) = [relu(q')^p, relu(-q')^p]; phi(k) likewise, divided by its maximum over tokens
+        and channels (per batch and head, so that phi(q).phi(k) sums stay finite in fp32); and the
+        log of that divisor (B, H, 1, 1): it cancels between numerator and normalizer, and
+        rescales eps (see `_eps`)."""
+        b, h, n, d = q.shape
+        inv_scale = 1.0 / F.softplus(self.scale.float()).reshape(1, h, 1, d)
+        p = 1.0 + self.alpha * torch.sigmoid(self.power.float())
+        if self.positional_encoding is not None:
+            start = self.patch_slice(n).start
+            pe = self.positional_encoding.float().reshape(1, -1, h, d).transpose(1, 2)
+            k = k + F.pad(pe, (0, 0, start, 0))  # patch keys only
+        fq, fk = self._powers(q, inv_scale, p), self._powers(k, inv_scale, p)
+        mk = fk.detach().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-30)
+        return fq, fk / mk, mk.log()
+
+    def _eps(self, log_factor):
+        """eps of the official normalizer, for key features divided by exp(log_factor)."""
+        return self.eps * torch.exp(-log_factor.clamp(-60.0, 60.0))
+
+    @staticmethod
+    def _swap(t, dim):
+        """[a, b] -> [b, a] along dim: phi_opp(q) . x = phi(q) . swap(x)."""
+        a, b = t.chunk(2, dim=dim)
+        return torch.cat([b, a], dim=dim)
+
+    # -- the core --------------------------------------------------------------------------------
+    def attend(self, q, k, v):
+        fq, fk, log_factor = self.features(q, k)
+        b, h, n, d = v.shape
+        half = d // 2
+        kv = torch.einsum("bhnf,bhnd->bhfd", fk, v) / n  # (B, H, 2D, D)
+        # Same-signed pairs mix the first half of v, opposite-signed pairs (phi_opp(q) = swapped
+        # phi(q), i.e. swapped rows of kv) the second: one contraction for both.
+        kv = torch.cat([kv[..., :half], self._swap(kv[..., half:], dim=-2)], dim=-1)
+        k_mean = fk.mean(dim=-2)
+        k_mean = torch.stack([k_mean, self._swap(k_mean, dim=-1)], dim=-1)  # (B, H, 2D, 2)
+        den = torch.einsum("bhnf,bhfg->bhng", fq, k_mean) + self._eps(log_factor)
+        out = torch.einsum("bhnf,bhfd->bhnd", fq, kv).reshape(b, h, n, 2, half)
+        out = (out / den.unsqueeze(-1)).reshape(b, h, n, d)
+        out[:, :, self.patch_slice(n)] += self._conv(v)  # prefix tokens get no conv term
+        return out
+
+    def implicit(self, q, k, v):
+        fq, fk, log_factor = self.features(q, k)
+        eps = self._eps(log_factor)
+        mats = []
+        for f in (fq, self._swap(fq, dim=-1)):
+            scores = f @ fk.transpose(-2, -1) / fk.shape[-2]
+            mats.append(scores / (scores.sum(dim=-1, keepdim=True) + eps))
+        mix, bias = self.mix_matrices(q.shape[-2])
+        return ImplicitAttention(attn=torch.stack(mats, dim=2), v=v, mix=mix, bias=bias)
+
+    # -- depthwise convolution on V over the patch grid ------------------------------------------
+    def _conv(self, v):
+        """The convolution's output on the patch tokens, (B, H, gh*gw, D)."""
+        b, h, n, d = v.shape
+        gh, gw = self.grid_size
+        # (B*H, gh, gw, D) permuted to NCHW is channels-last: the fast layout for depthwise convs
+        grid = v[:, :, self.patch_slice(n)].reshape(b * h, gh, gw, d).permute(0, 3, 1, 2)
+        conv = F.conv2d(grid, self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype),
+                        padding=self.dwc.padding, groups=d)
+        return conv.permute(0, 2, 3, 1).reshape(b, h, gh * gw, d)
+
+    def mix(self, v):
+        return F.pad(self._conv(v), (0, 0, self.num_prefix_tokens, 0))
+
+    def mix_matrices(self, n):
+        gh, gw = self.grid_size
+        p, d = gh * gw, self.head_dim
+        start = self.patch_slice(n).start
+        w = self.dwc.weight
+        basis = torch.eye(p, device=w.device).reshape(p, 1, gh, gw).expand(p, d, gh, gw)
+        cols = F.conv2d(basis, w.float(), None, padding=self.dwc.padding, groups=d)
+        mix = torch.zeros(d, n, n, device=w.device)
+        mix[:, start:, start:] = cols.reshape(p, d, p).permute(1, 2, 0)  # (D, out patch, in patch)
+        bias = torch.zeros(d, n, device=w.device)
+        bias[:, start:] = self.dwc.bias.float().unsqueeze(1)
+        return mix, bias
+
+    # -- output gate -----------------------------------------------------------------------------
+    def gate(self, x):
+        return self.gate_proj(x)

@@ -18,9 +18,19 @@ from .attention import ATTENTION, available_variants
 REFERENCE = "softmax"
 
 
+SCOPES = ("module", "core")
+
+
 def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_dim: int = 32,
-                  repeats: int = 3, min_seconds: float = 0.2) -> float:
-    """Median seconds of one forward+backward pass on (batch, tokens, heads*head_dim) patch tokens."""
+                  scope: str = "module", repeats: int = 3, min_seconds: float = 0.2) -> float:
+    """Median seconds of one forward+backward pass on (batch, tokens, heads*head_dim) patch tokens.
+
+    scope 'module': the whole attention module (qkv and output projections, gates included);
+    scope 'core': only the token mixing, from q, k, v to the heads' outputs (`attend`), which is
+    where softmax and linear operators differ.
+    """
+    if scope not in SCOPES:
+        raise ValueError(f"unknown benchmark scope {scope!r}; known: {', '.join(SCOPES)}")
     side = int(math.isqrt(tokens))
     if side * side != tokens:
         raise ValueError(f"benchmark token counts must be square patch grids; {tokens} is not")
@@ -28,11 +38,16 @@ def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, 
     dim = heads * head_dim
     op = ATTENTION[variant](dim, heads, qkv_bias=True, grid_size=(side, side), num_prefix_tokens=0)
     x = torch.randn(batch, tokens, dim, requires_grad=True)
+    with torch.no_grad():
+        qkv = [t.contiguous().requires_grad_() for t in op.split_heads(x)]
 
     def step():
         op.zero_grad(set_to_none=True)
         x.grad = None
-        op(x).sum().backward()
+        for t in qkv:
+            t.grad = None
+        out = op(x) if scope == "module" else op.attend(*qkv)
+        out.sum().backward()
 
     step()  # warm-up (allocations, kernel selection)
     times = []
@@ -59,7 +74,7 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
             if v == REFERENCE and n > max_softmax_tokens:
                 continue
             seconds = time_operator(v, n, **shape)
-            rows.append({"variant": v, "tokens": n, "seconds": seconds})
+            rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "module"), "seconds": seconds})
             print(f"benchmark: {v:>10} N={n:>6}: {seconds * 1e3:9.2f} ms", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
     ref = df[df.variant == REFERENCE].set_index("tokens")["seconds"]

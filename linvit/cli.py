@@ -104,11 +104,12 @@ def cmd_benchmark(args):
     tokens = [int(t) for t in args.tokens.split(",")]
     df = run_benchmark(args.variants.split(",") if args.variants else None, tokens,
                        max_softmax_tokens=args.max_softmax_tokens, batch=args.batch, heads=args.heads,
-                       head_dim=args.head_dim)
+                       head_dim=args.head_dim, scope=args.scope)
     with atomic_path(args.out) as tmp:
         df.to_csv(tmp, index=False)
     table = df.pivot(index="variant", columns="tokens", values="seconds") * 1e3
-    print("forward+backward ms (batch %d, %d heads, head dim %d):" % (args.batch, args.heads, args.head_dim))
+    print(f"forward+backward ms of the {args.scope} (batch {args.batch}, {args.heads} heads, "
+          f"head dim {args.head_dim}):")
     print(table.round(2).to_string())
     low, high = tokens[0], (4096 if 4096 in tokens else tokens[-1])
     print(summarize(df, low, high).round(2).to_string(index=False))
@@ -155,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--head-dim", type=int, default=32)
     bench.add_argument("--max-softmax-tokens", type=int, default=16384,
                        help="skip softmax above this many tokens (its cost is quadratic)")
+    bench.add_argument("--scope", choices=["module", "core"], default="module",
+                       help="module: the whole attention module; core: only the token mixing from q, k, v")
     bench.add_argument("--threads", type=int, default=0)
     bench.add_argument("--out", default="results/benchmark/attention.csv")
     bench.set_defaults(fn=cmd_benchmark)

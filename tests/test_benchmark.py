@@ -1,0 +1,29 @@
+"""The operator benchmark measures every operator beside softmax and summarizes growth and speedup."""
+
+import pytest
+
+from linvit.benchmark import run_benchmark, summarize
+from conftest import run
+
+
+@pytest.mark.parametrize("scope", ["module", "core"])
+def test_benchmark_rows_and_summary(scope):
+    df = run_benchmark(["elu", "focused"], tokens=(16, 64), scope=scope, repeats=1, min_seconds=0.0)
+    assert set(df.variant) == {"softmax", "elu", "focused"} and set(df.tokens) == {16, 64}
+    assert (df.seconds > 0).all() and (df.scope == scope).all()
+    ref = df[df.variant == "softmax"].set_index("tokens").seconds
+    elu = df[df.variant == "elu"].set_index("tokens").seconds
+    assert df[df.variant == "elu"].set_index("tokens").speedup_vs_softmax[64] == pytest.approx(ref[64] / elu[64])
+    summary = summarize(df, 16, 64).set_index("variant")
+    assert summary.loc["elu", "growth_16_to_64"] == pytest.approx(elu[64] / elu[16])
+
+
+def test_benchmark_rejects_a_non_square_token_count():
+    with pytest.raises(ValueError, match="square patch grids; 100 is not|square patch grids; 10 is not"):
+        run_benchmark(["elu"], tokens=(10,))
+
+
+def test_benchmark_command_writes_csv(tmp_path):
+    out = run(["linvit", "benchmark", "--tokens", "16,64", "--variants", "relu", "--out", str(tmp_path / "b.csv")],
+              cwd=tmp_path)
+    assert (tmp_path / "b.csv").exists() and "relu" in out.stdout and "softmax" in out.stdout

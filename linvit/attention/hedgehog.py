@@ -33,9 +33,8 @@ same shifts serve the softmax variants below, applied to log-features.
 
 Extra parameters (attn_extra): `fmap_q_weight`, `fmap_k_weight` (H, D, D) initialized to the
 identity, `fmap_q_bias`, `fmap_k_bias` (H, D) initialized to zero (the paper's init), so at init
-phi(x) = [exp(x), exp(-x)] of the softmax checkpoint's q and k. Kept as bare parameters, not
-nn.Linear, so that models.swap_attention's timm-style Linear re-init does not overwrite the
-identity. Copied from a softmax checkpoint: `qkv` and `proj`. Defaults: feature dim 2*D, eps 1e-12
+phi(x) = [exp(x), exp(-x)] of the softmax checkpoint's q and k (per-head weights are stacked in one
+parameter, so they are bare parameters rather than nn.Linear). Copied from a softmax checkpoint: `qkv` and `proj`. Defaults: feature dim 2*D, eps 1e-12
 (as in LoLCATs; the normalizer is bounded below, see above).
 
 Differences from the paper: its Listing 1 shares one nn.Linear(D, D) across heads; here each head

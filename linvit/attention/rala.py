@@ -18,9 +18,7 @@ proj(res * o)`). The gate o is a plain linear map of the block input (no activat
 Extra parameters (attn_extra) and their init, so that the operator starts as its pure linear core
 (elu+1 attention with softmax key re-weighting):
   * `gate_weight` (dim, dim) = 0 and `gate_bias` (dim) = 1: the gate is exactly 1 at init
-    (official: the gate is the 4th quarter of the qkvo 1x1 conv, trunc-normal init). Kept as bare
-    parameters, not an nn.Linear, so that models.swap_attention's timm-style re-init of Linear
-    layers does not reset it to a zero gate.
+    (official: the gate is the 4th quarter of the qkvo 1x1 conv, trunc-normal init).
   * `lepe.conv.weight` (dim, 1, 5, 5), `lepe.conv.bias` (dim): zero (official: trunc-normal).
 Copied from a softmax checkpoint: `qkv` and `proj` (the official qkvo conv's q, k, v parts and
 its proj). Defaults (RAVLT): LePE kernel 5, re-weighting temperature head_dim ** -0.5, eps 1e-6.

@@ -22,7 +22,7 @@ SCOPES = ("module", "core")
 
 
 def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_dim: int = 32,
-                  scope: str = "module", repeats: int = 3, min_seconds: float = 0.2) -> float:
+                  scope: str = "core", repeats: int = 3, min_seconds: float = 0.2) -> float:
     """Median seconds of one forward+backward pass on (batch, tokens, heads*head_dim) patch tokens.
 
     scope 'module': the whole attention module (qkv and output projections, gates included);
@@ -39,7 +39,8 @@ def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, 
     op = ATTENTION[variant](dim, heads, qkv_bias=True, grid_size=(side, side), num_prefix_tokens=0)
     x = torch.randn(batch, tokens, dim, requires_grad=True)
     with torch.no_grad():
-        qkv = [t.contiguous().requires_grad_() for t in op.split_heads(x)]
+        # Views laid out as the module's own forward sees them (slices of the qkv projection).
+        qkv = [t.detach().requires_grad_() for t in op.split_heads(x)]
 
     def step():
         op.zero_grad(set_to_none=True)
@@ -74,7 +75,7 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
             if v == REFERENCE and n > max_softmax_tokens:
                 continue
             seconds = time_operator(v, n, **shape)
-            rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "module"), "seconds": seconds})
+            rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "core"), "seconds": seconds})
             print(f"benchmark: {v:>10} N={n:>6}: {seconds * 1e3:9.2f} ms", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
     ref = df[df.variant == REFERENCE].set_index("tokens")["seconds"]

@@ -156,8 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--head-dim", type=int, default=32)
     bench.add_argument("--max-softmax-tokens", type=int, default=16384,
                        help="skip softmax above this many tokens (its cost is quadratic)")
-    bench.add_argument("--scope", choices=["module", "core"], default="module",
-                       help="module: the whole attention module; core: only the token mixing from q, k, v")
+    bench.add_argument("--scope", choices=["core", "module"], default="core",
+                       help="core (default): the token mixing from q, k, v, what SDPA does for softmax; "
+                            "module: the whole attention module, with its projections and gates")
     bench.add_argument("--threads", type=int, default=0)
     bench.add_argument("--out", default="results/benchmark/attention.csv")
     bench.set_defaults(fn=cmd_benchmark)

@@ -137,3 +137,36 @@ def test_property_finite_shape_kept_and_permutation_equivariant(variant, batch, 
             # Permuting the patch tokens permutes the output the same way.
             perm = torch.cat([torch.arange(prefix), prefix + torch.randperm(gh * gw)])
             torch.testing.assert_close(attn(x[:, perm]), out[:, perm], rtol=1e-4, atol=1e-5)
+
+
+# -- gradients (some operators hand-write the backward of their linear-time core) -----------------
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_linear_core_and_implicit_matrices_give_the_same_gradients(variant):
+    """The forward's gradients (through `attend`, hand-written for some operators) equal those of
+    the quadratic implicit path, which plain autograd differentiates."""
+    attn = make(variant)
+    x = torch.randn(2, 13, 32)
+
+    def grads(output):
+        attn.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        (output(xi) * torch.linspace(-1, 1, 32)).sum().backward()
+        return [xi.grad] + [p.grad if p.grad is not None else torch.zeros_like(p) for p in attn.parameters()]
+
+    linear = grads(attn)
+    quadratic = grads(lambda xi: attn.proj(attn._implicit(xi).output()))
+    for name, a, b in zip(["x"] + [n for n, _ in attn.named_parameters()], linear, quadratic):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5 * max(1.0, b.abs().max().item()), msg=name)
+
+
+def test_polarity_feature_backward_passes_gradcheck():
+    from linvit.attention.polarity import _PolarityPowers
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 5, 4, dtype=torch.float64)
+    x = (x + 0.1 * x.sign()).requires_grad_()  # away from the kink at 0
+    inv_scale = (torch.rand(1, 2, 1, 4, dtype=torch.float64) + 0.5).requires_grad_()
+    p = (1 + 4 * torch.rand(1, 2, 1, 4, dtype=torch.float64)).requires_grad_()
+    f = lambda x, s, p: _PolarityPowers.apply(x, s, p, False)[0]
+    assert torch.autograd.gradcheck(f, (x, inv_scale, p), eps=1e-6, atol=1e-6, rtol=1e-4)

@@ -170,7 +170,7 @@ class LinearAttention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """(B, H, N, D) output from fp32 q, k, v, in time linear in N."""
         fq, fk = self.features(q, k)
-        out = kernel_attention(fq.float(), fk.float(), v, self.eps)
+        out = kernel_attention(fq, fk, v, self.eps)
         extra = self.mix(v)
         return out if extra is None else out + extra
 
@@ -178,7 +178,7 @@ class LinearAttention(nn.Module):
         """What `attend` applies, as matrices."""
         fq, fk = self.features(q, k)
         mix, bias = self.mix_matrices(q.shape[-2])
-        return ImplicitAttention(attn=kernel_matrix(fq.float(), fk.float(), self.eps), v=v, mix=mix, bias=bias)
+        return ImplicitAttention(attn=kernel_matrix(fq, fk, self.eps), v=v, mix=mix, bias=bias)
 
     # -- shared ------------------------------------------------------------------------------
     def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -48,9 +48,9 @@ class FocusedAttention(LinearAttention):
 
     def features(self, q, k):
         # Features are computed over all channels and then split, as FLatten does.
-        q, k = merge_heads(q).float(), merge_heads(k).float()
+        q, k = merge_heads(q), merge_heads(k)
         patches = self.patch_slice(k.shape[1])
-        k = torch.cat([k[:, :patches.start], k[:, patches] + self.positional_encoding.float()], dim=1)
+        k = torch.cat([k[:, :patches.start], k[:, patches] + self.positional_encoding.to(k.dtype)], dim=1)
         return self._split(self._focus(q)), self._split(self._focus(k))
 
     def _grid(self, v):  # patch tokens of (B, H, N, D) -> (B*H, D, gh, gw)

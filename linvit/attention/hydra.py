@@ -40,9 +40,69 @@ ordinary activations.
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from .base import ImplicitAttention, LinearAttention, register_attention
+
+
+def _inv_norm(x, eps):
+    """1 / max(|x|, eps) over the last dim (F.normalize's divisor), and where the norm is not
+    clamped (where it carries a gradient)."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return 1.0 / norm.clamp_min(eps), norm >= eps
+
+
+def _channels_first_like(x):
+    """An empty (B, N, C) tensor laid out as (B, C, N)."""
+    b, n, c = x.shape
+    return x.new_empty(b, c, n).transpose(-1, -2)
+
+
+def _channels_first(x):
+    """x (B, N, C) copied to (B, C, N) memory order, returned as a (B, N, C) view: the layout of
+    a (B, C, N, 1) head tensor's gradient. One blocked 2-D transpose per batch (faster than an
+    elementwise pass writing a transposed layout)."""
+    b, n, c = x.shape
+    out = x.new_empty(b, c, n)
+    for i in range(b):
+        out[i].copy_(x[i].t())
+    return out.transpose(-1, -2)
+
+
+class _HydraCore(torch.autograd.Function):
+    """out = q^ * sum_n k^_n * v_n on (B, N, C) views (rows of C channels contiguous, the layout
+    of the qkv projection), with the backward pass written out: every (B, N, C) pass is an
+    elementwise product, and every token or channel sum a matrix-vector product."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, eps):
+        rq, mq = _inv_norm(q, eps)
+        rk, mk = _inv_norm(k, eps)
+        kh = k * rk  # k^ (B, N, C)
+        kv_tok = kh * v
+        kv = kv_tok.sum(dim=-2, keepdim=True)  # (B, 1, C): sum_n k^_n v_n
+        out = (q * kv).mul_(rq)
+        ctx.save_for_backward(q, kh, v, rq, mq, rk, mk, kv_tok, kv)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, kh, v, rq, mq, rk, mk, kv_tok, kv = ctx.saved_tensors
+        # (one (B, N, C) work buffer, reused: fresh memory costs page faults)
+        buf = grad * q
+        # d kv = sum_n grad_n q^_n;  q^ = q / |q|: d q = (d q^ - q^ (d q^ . q^)) / |q|, d q^ = grad kv
+        dkv = rq.transpose(-1, -2) @ buf  # (B, 1, C)
+        s = buf @ kv.transpose(-1, -2)  # (B, N, 1): sum_c grad q kv
+        torch.mul(grad, kv, out=buf).mul_(rq).addcmul_(q, s * rq.pow(3) * mq, value=-1.0)
+        dq = _channels_first(buf)
+        # k^ = k / |k|: d k = (d k^ - k^ (d k^ . k^)) / |k|, d k^ = dkv v
+        t = kv_tok @ dkv.transpose(-1, -2)  # (B, N, 1): sum_c k^ v dkv
+        torch.mul(v, dkv, out=buf).addcmul_(kh, t * mk, value=-1.0).mul_(rk)
+        dk = _channels_first(buf)
+        dv = _channels_first_like(kh)
+        torch.mul(kh, dkv, out=dv)
+        return dq, dk, dv, None
 
 
 @register_attention("hydra")
@@ -61,9 +121,13 @@ class HydraAttention(LinearAttention):
         return F.normalize(q, dim=1, eps=self.norm_eps), F.normalize(k, dim=1, eps=self.norm_eps)
 
     def attend(self, q, k, v):
-        qh, kh = self._normalized(q, k)
-        kv = (kh * v).sum(dim=-2, keepdim=True)  # (B, C, 1, 1)
-        return qh * kv
+        # The same as q^ * sum_n (k^ * v), computed on (B, N, C) views: the layout the qkv
+        # projection gives, where the norms over channels read contiguous rows.
+        def rows(t):
+            return t.squeeze(-1).transpose(-1, -2)
+
+        out = _HydraCore.apply(rows(q), rows(k), rows(v), self.norm_eps)
+        return out.transpose(-1, -2).unsqueeze(-1)
 
     def implicit(self, q, k, v):
         qh, kh = self._normalized(q, k)

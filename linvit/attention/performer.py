@@ -73,6 +73,62 @@ def default_nb_features(head_dim: int) -> int:
     return max(1, round(head_dim * math.log(head_dim))) if head_dim > 1 else 1
 
 
+class _FavorCore(torch.autograd.Function):
+    """`PerformerAttention.attend` in one function with its backward pass written out: the same
+    products, with the (B, H, N, m) feature tensors updated in place and reused, and nothing
+    recomputed. Inputs: q, k, v (B, H, N, D); w_t (D + 1, m) = [d^-1/4 W, -1]^T; scale2 = d^-1/2;
+    the stabilizer offset 1/2 ln m; c = m^-1/2 kernel_eps; eps (the normalizer's)."""
+
+    @staticmethod
+    def _features(x, w_t, scale2, offset, is_query):
+        half_sq = (0.5 * scale2) * (x * x).sum(dim=-1, keepdim=True)  # |x'|^2 / 2
+        z = torch.matmul(x, w_t[:-1])  # w.x', (B, H, N, m)
+        stab = z.amax(dim=-1, keepdim=True)  # max of w.x' per query token
+        if not is_query:
+            stab = stab.amax(dim=-2, keepdim=True)  # ... per head for keys
+        # w.x' - |x'|^2/2 - stab in one pass over the (B, H, N, m) tensor, then exp, in place
+        return z.sub_(half_sq + (stab + offset)).exp_()
+
+    @staticmethod
+    def forward(ctx, q, k, v, w_t, scale2, offset, c, eps):
+        eq = _FavorCore._features(q, w_t, scale2, offset, True)
+        ek = _FavorCore._features(k, w_t, scale2, offset, False)
+        n = ek.shape[-2]
+        va = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1).div_(n)  # (B, H, N, D + 1)
+        vk = va.transpose(-1, -2) @ ek  # (B, H, D + 1, m)
+        vk += c * va.sum(dim=-2).unsqueeze(-1)
+        out = eq @ vk.transpose(-1, -2)  # (B, H, N, D + 1)
+        out += c * vk.sum(dim=-1).unsqueeze(-2)
+        den = out[..., -1:] + eps
+        res = out[..., :-1] / den
+        ctx.save_for_backward(q, k, w_t, eq, ek, va, vk, den, res)
+        ctx.scale2, ctx.c, ctx.n = scale2, c, n
+        return res
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, w_t, eq, ek, va, vk, den, res = ctx.saved_tensors
+        c, n = ctx.c, ctx.n
+        g_num = grad / den
+        g_out = torch.cat([g_num, -(g_num * res).sum(dim=-1, keepdim=True)], dim=-1)  # (B, H, N, D + 1)
+        # out = e(Q) vk^T + c 1 (sum_r vk_r)^T
+        g_vk = g_out.transpose(-1, -2) @ eq  # (B, H, D + 1, m)
+        g_vk += c * g_out.sum(dim=-2).unsqueeze(-1)
+        g_va = ek @ g_vk.transpose(-1, -2)  # (B, H, N, D + 1)
+        g_va += c * g_vk.sum(dim=-1).unsqueeze(-2)
+        d = q.shape[-1]
+        w = w_t.transpose(-1, -2)
+        # through exp (g e), then the product; (B, H, N, m) buffer reused for the keys
+        buf = torch.matmul(g_out, vk).mul_(eq)  # out = e(Q) vk^T + ...
+        g_xa = torch.matmul(buf, w)
+        g_q = torch.addcmul(g_xa[..., :d], g_xa[..., d:], q, value=ctx.scale2)
+        torch.matmul(va, g_vk, out=buf).mul_(ek)  # vk = [V, 1]^T e(K) / n + c sum_j [v_j, 1] / n
+        g_xa = torch.matmul(buf, w)
+        g_k = torch.addcmul(g_xa[..., :d], g_xa[..., d:], k, value=ctx.scale2)
+        g_v = g_va[..., :-1] / n
+        return g_q, g_k, g_v, None, None, None, None, None
+
+
 @register_attention("performer")
 class PerformerAttention(LinearAttention):
     eps = 0.0  # no eps in the normalizer: the features are bounded below by m^-1/2 kernel_eps
@@ -90,20 +146,23 @@ class PerformerAttention(LinearAttention):
     def _exp_features(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
         """The features without their constant m^-1/2 kernel_eps: m^-1/2 exp(w.x' - |x'|^2/2 - stab)."""
         b, h, n, d = x.shape
-        x = x * d ** -0.25  # the data normalizer
-        half_sq = 0.5 * (x * x).sum(dim=-1, keepdim=True)
-        # w.x' - |x'|^2/2 as one (B*H*N, d+1) x (d+1, m) product of [x', |x'|^2/2] and [W, -1]
-        # (a batched product of skinny matrices is slow on CPUs, and this way the backward pass
-        # needs no separate reduction for the |x'|^2 term).
-        w = self.projection.to(x.dtype)
+        scale = d ** -0.25  # the data normalizer, folded into the small matrix [W, -1]
+        half_sq = (0.5 * scale * scale) * (x * x).sum(dim=-1, keepdim=True)  # |x'|^2 / 2
+        # w.x' - |x'|^2/2 as one (B*H*N, d+1) x (d+1, m) product of [x, |x'|^2/2] and
+        # [d^-1/4 W, -1] (a batched product of skinny matrices is slow on CPUs, and this way the
+        # backward pass needs no separate reduction for the |x'|^2 term).
+        w = self.projection.to(x.dtype) * scale
         w = torch.cat([w, -torch.ones_like(w[:, :1])], dim=1)
-        z = (torch.cat([x, half_sq], dim=-1).reshape(-1, d + 1) @ w.T).reshape(b, h, n, -1)
+        # (matmul folds the batch dims into one product, and its result is not a view: it can be
+        # updated in place below)
+        z = torch.matmul(torch.cat([x, half_sq], dim=-1), w.T)  # (B, H, N, m)
         with torch.no_grad():  # the stabilizer: max of w.x' per query token, per head for keys
             stab = z.amax(dim=-1, keepdim=True) + half_sq
             if not is_query:
                 stab = stab.amax(dim=-2, keepdim=True)
             stab = stab + 0.5 * math.log(self.nb_features)  # m^-1/2 folded into the exponent
-        return torch.exp(z - stab)
+        # In place (the product's backward needs neither its output nor z): exp(z - stab).
+        return z.sub_(stab).exp_()
 
     def features(self, q, k):
         c = self.nb_features ** -0.5 * self.kernel_eps
@@ -113,11 +172,13 @@ class PerformerAttention(LinearAttention):
         # The base's kernel_attention (eps = 0) with the constant c = m^-1/2 kernel_eps of every
         # feature added analytically: phi = e + c, so phi(K)^T [V, 1] = e(K)^T [V, 1] + c sum_j [v_j, 1]
         # and phi(Q) M = e(Q) M + c sum_r M_r. Numerator and normalizer come from one product.
+        # Written out (forward and backward) in _FavorCore; the same as
+        #     eq, ek = self._exp_features(q, True), self._exp_features(k, False)
+        #     va = [v, 1] / n;  vk = va^T ek + c sum_n va;  out = eq vk^T + c sum_r vk
+        #     return out[..., :-1] / (out[..., -1:] + eps)
+        d = q.shape[-1]
+        scale = d ** -0.25
+        w = self.projection.to(q.dtype) * scale
+        w_t = torch.cat([w, -torch.ones_like(w[:, :1])], dim=1).T
         c = self.nb_features ** -0.5 * self.kernel_eps
-        eq, ek = self._exp_features(q, True), self._exp_features(k, False)
-        n = ek.shape[-2]
-        va = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1) / n  # (B, H, N, D + 1)
-        # Written as [V, 1]^T e(K), (D + 1, m), so that no gradient comes out transposed.
-        vk = va.transpose(-1, -2) @ ek + c * va.sum(dim=-2).unsqueeze(-1)
-        out = eq @ vk.transpose(-1, -2) + c * vk.sum(dim=-1).unsqueeze(-2)
-        return out[..., :-1] / (out[..., -1:] + self.eps)
+        return _FavorCore.apply(q, k, v, w_t, scale * scale, 0.5 * math.log(self.nb_features), c, self.eps)

@@ -47,6 +47,8 @@ Deliberate differences from the official code:
   than the paper's equations; `positional_encoding=False` drops the latter.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,6 +56,62 @@ from torch import nn
 from .base import ImplicitAttention, LinearAttention, register_attention
 
 _X_MAX = 1e6
+_LOG_MIN_FACTOR = math.log(1e-30)
+
+
+class _PolarityPowers(torch.autograd.Function):
+    """[relu(x')^p, relu(-x')^p] for x' = min(|x| * inv_scale, 1e6), optionally divided by its
+    maximum over the last two dims (a constant: no gradient flows through it), in few passes:
+    one log of |x'| serves both polarities, x'^p = exp(p log x'), and the backward pass is
+    written out (d/dx = p x'^p / x, d/dp = x'^p log x', d/d inv_scale = p x'^p / inv_scale)."""
+
+    @staticmethod
+    def forward(ctx, x, inv_scale, p, normalize):
+        a = torch.abs(x).mul_(inv_scale)
+        keep = None
+        if bool(a.max() > _X_MAX):
+            keep = a <= _X_MAX
+            a.clamp_max_(_X_MAX)
+        log_a = a.log_()
+        e = log_a * p
+        if ctx.needs_input_grad[2]:
+            log_a.clamp_min_(-1e30)  # -inf where x = 0, where the power (and so the gradient) is 0
+        log_factor = None
+        if normalize:
+            # log of max_{n, c} x'^p: the divisor, applied inside the exponent
+            log_factor = e.amax(dim=(-2, -1), keepdim=True).clamp_min_(_LOG_MIN_FACTOR)
+            e.sub_(log_factor)
+        signed = e.exp_().copysign_(x)  # sign(x) |x'|^p
+        d = x.shape[-1]
+        out = x.new_empty(*x.shape[:-1], 2 * d)
+        pos, neg = out[..., :d], out[..., d:]
+        torch.clamp(signed, min=0, out=pos)  # relu(x')^p
+        torch.sub(pos, signed, out=neg)  # relu(-x')^p (exactly: relu(s) - s = relu(-s))
+        ctx.save_for_backward(x, inv_scale, p, out, log_a, keep)
+        if log_factor is not None:
+            ctx.mark_non_differentiable(log_factor)
+        return out, log_factor
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        x, inv_scale, p, out, log_a, keep = ctx.saved_tensors
+        d = x.shape[-1]
+        # grad . d out / d(|x'|^p) times |x'|^p: one of the two halves of out is zero everywhere
+        g = grad[..., :d] * out[..., :d]
+        g.addcmul_(grad[..., d:], out[..., d:])
+        if keep is not None:
+            g.mul_(keep)  # no gradient through the cap
+        grad_x = grad_s = grad_p = None
+        dims = (0, 2)
+        if ctx.needs_input_grad[2]:
+            grad_p = (g * log_a).sum(dims, keepdim=True).sum_to_size(p.shape)
+        g.mul_(p)
+        if ctx.needs_input_grad[1]:
+            grad_s = (g.sum(dims, keepdim=True) / inv_scale).sum_to_size(inv_scale.shape)
+        if ctx.needs_input_grad[0]:
+            # p |x'|^p / x; 0 / 0 where x = 0 (where the power and its derivative are 0)
+            grad_x = g.div_(x).nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+        return grad_x, grad_s, grad_p, None
 
 
 @register_attention("polarity")
@@ -84,11 +142,12 @@ class PolarityAttention(LinearAttention):
         nn.init.ones_(self.gate_proj.bias)
 
     # -- features --------------------------------------------------------------------------------
-    def _powers(self, x, inv_scale, p):
+    def _powers(self, x, inv_scale, p, normalize=False):
         """[relu(x')^p, relu(-x')^p] (B, H, N, 2D) for x' = x / softplus(scale). |x'| is capped at
-        1e6 so that x'^p (p <= 5) stays finite in fp32; activations never come near it."""
-        powered = (x.abs() * inv_scale).clamp_max(_X_MAX) ** p  # one power for both signs
-        return torch.cat([powered * (x > 0), powered * (x < 0)], dim=-1)
+        1e6 so that x'^p (p <= 5) stays finite in fp32; activations never come near it. With
+        `normalize`, the features divided by their maximum over tokens and channels (per batch and
+        head), and the log of that divisor (B, H, 1, 1); else None for it."""
+        return _PolarityPowers.apply(x, inv_scale, p, normalize)
 
     def features(self, q, k):
         """phi(q) = [relu(q')^p, relu(-q')^p]; phi(k) likewise, divided by its maximum over tokens
@@ -101,10 +160,12 @@ class PolarityAttention(LinearAttention):
         if self.positional_encoding is not None:
             start = self.patch_slice(n).start
             pe = self.positional_encoding.float().reshape(1, -1, h, d).transpose(1, 2)
-            k = k + F.pad(pe, (0, 0, start, 0))  # patch keys only
-        fq, fk = self._powers(q, inv_scale, p), self._powers(k, inv_scale, p)
-        mk = fk.detach().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-30)
-        return fq, fk / mk, mk.log()
+            if start:
+                pe = F.pad(pe, (0, 0, start, 0))
+            k = k + pe  # patch keys only
+        fq, _ = self._powers(q, inv_scale, p)
+        fk, log_factor = self._powers(k, inv_scale, p, normalize=True)
+        return fq, fk, log_factor
 
     def _eps(self, log_factor):
         """eps of the official normalizer, for key features divided by exp(log_factor)."""
@@ -121,16 +182,25 @@ class PolarityAttention(LinearAttention):
         fq, fk, log_factor = self.features(q, k)
         b, h, n, d = v.shape
         half = d // 2
-        kv = torch.einsum("bhnf,bhnd->bhfd", fk, v) / n  # (B, H, 2D, D)
+        # phi(K)^T [V, 1]: the values and the key sum (normalizer) in one contraction, with the
+        # mean's 1/n applied to the small matrix.
+        va = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
+        kva = (fk.transpose(-1, -2) @ va) / n  # (B, H, 2D, D + 1)
+        kv, k_mean = kva[..., :d], kva[..., d]
         # Same-signed pairs mix the first half of v, opposite-signed pairs (phi_opp(q) = swapped
-        # phi(q), i.e. swapped rows of kv) the second: one contraction for both.
-        kv = torch.cat([kv[..., :half], self._swap(kv[..., half:], dim=-2)], dim=-1)
-        k_mean = fk.mean(dim=-2)
-        k_mean = torch.stack([k_mean, self._swap(k_mean, dim=-1)], dim=-1)  # (B, H, 2D, 2)
-        den = torch.einsum("bhnf,bhfg->bhng", fq, k_mean) + self._eps(log_factor)
-        out = torch.einsum("bhnf,bhfd->bhnd", fq, kv).reshape(b, h, n, 2, half)
-        out = (out / den.unsqueeze(-1)).reshape(b, h, n, d)
-        out[:, :, self.patch_slice(n)] += self._conv(v)  # prefix tokens get no conv term
+        # phi(q), i.e. swapped rows of kv) the second; the normalizers are two more columns: one
+        # contraction of phi(Q) gives numerators and normalizers.
+        mat = torch.cat([kv[..., :half], self._swap(kv[..., half:], dim=-2),
+                         k_mean.unsqueeze(-1), self._swap(k_mean, dim=-1).unsqueeze(-1)], dim=-1)
+        num, den = (fq @ mat).split([d, 2], dim=-1)  # (B, H, N, D), (B, H, N, 2)
+        inv_den = 1.0 / (den + self._eps(log_factor))
+        num = num.unflatten(-1, (2, half))
+        inv_den = inv_den.unsqueeze(-1)
+        sl = self.patch_slice(n)
+        if sl.start == 0:  # no prefix tokens: the conv term and the quotient in one pass
+            return torch.addcmul(self._conv(v).unflatten(-1, (2, half)), num, inv_den).flatten(-2)
+        out = (num * inv_den).flatten(-2)
+        out[:, :, sl] += self._conv(v)  # prefix tokens get no conv term
         return out
 
     def implicit(self, q, k, v):

@@ -96,4 +96,6 @@ def summarize(df: "pd.DataFrame", low: int = 256, high: int = 4096) -> "pd.DataF
                      f"growth_{low}_to_{high}": t.get(high, float("nan")) / t.get(low, float("nan")),
                      f"speedup_vs_softmax_at_{high}": g.set_index("tokens")["speedup_vs_softmax"].get(high),
                      "faster_than_softmax_from": int(faster.min()) if len(faster) else None})
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out["faster_than_softmax_from"] = out["faster_than_softmax_from"].astype("Int64")
+    return out

@@ -116,8 +116,9 @@ def _scaling_section(results: Path, report_dir: Path) -> tuple[str, list[Path]]:
     tokens = sorted(bench["tokens"].unique())
     high = 4096 if 4096 in tokens else tokens[-1]
     table = (bench.pivot(index="variant", columns="tokens", values="seconds") * 1e3).round(2)
-    text = ("## Operator scaling\n\nForward + backward milliseconds per operator from `" + path.as_posix()
-            + "` (one process, operators measured side by side), and per operator the growth from "
+    scope = ", ".join(sorted(bench["scope"].unique())) if "scope" in bench else "module"
+    text = ("## Operator scaling\n\nForward + backward milliseconds per operator (scope: " + scope + ") from `"
+            + path.as_posix() + "` (one process, operators measured side by side), and per operator the growth from "
             f"{tokens[0]} to {high} tokens, the speedup over softmax (SDPA) at {high}, and the smallest measured "
             "token count from which it beats softmax.\n\n" + _markdown(table.reset_index()) + "\n\n"
             + _markdown(summarize(bench, tokens[0], high).round(2)) + "\n\n"

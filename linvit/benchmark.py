@@ -10,10 +10,14 @@ import math
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from .attention import ATTENTION, available_variants
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 REFERENCE = "softmax"
 
@@ -62,7 +66,7 @@ def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, 
 
 
 def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax_tokens: int = 16384,
-                  **shape) -> "pd.DataFrame":
+                  **shape) -> pd.DataFrame:
     """One row per (operator, tokens): seconds, and the ratio to softmax at the same tokens."""
     import pandas as pd
 
@@ -83,7 +87,7 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
     return df
 
 
-def summarize(df: "pd.DataFrame", low: int = 256, high: int = 4096) -> "pd.DataFrame":
+def summarize(df: pd.DataFrame, low: int = 256, high: int = 4096) -> pd.DataFrame:
     """Per operator: growth of time from `low` to `high` tokens, speedup over softmax at `high`, and
     the smallest measured token count from which it is faster than softmax."""
     import pandas as pd

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .io import atomic_path, write_text
+from .io import write_text
 
 
 class TrainingDiverged(RuntimeError):

@@ -5,7 +5,6 @@ import json
 import pytest
 import timm
 import torch
-import torch.nn.functional as F
 
 from linvit.attention import ATTENTION, LinearAttention, register_attention
 from linvit.config import validate

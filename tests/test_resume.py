@@ -1,6 +1,7 @@
 """A training job killed with SIGKILL and rerun resumes from its checkpoint to the same result."""
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -8,7 +9,7 @@ import time
 import yaml
 from safetensors.torch import load_file
 
-from conftest import REPO, run
+from conftest import BIN, run
 
 CONFIG = {
     "seeds": [0], "sizes": ["micro"], "variants": ["elu"], "targets": ["synthetic"], "inits": ["random"],
@@ -35,8 +36,6 @@ def test_killed_job_resumes_to_the_same_metrics(tmp_path):
     run(teacher_cmd(tmp_path, tmp_path / "whole"), cwd=tmp_path)
 
     killed = tmp_path / "killed"
-    from conftest import BIN
-    import os
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.Popen(teacher_cmd(tmp_path, killed), cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import attention_maps
+from .models import capture_attention
 from .transfer import parameter_group
 
 LOSSES: dict[str, callable] = {}
@@ -72,21 +73,6 @@ def attention_output_mse(pair: AttentionPair) -> torch.Tensor:
 def attention_map_cross_entropy(pair: AttentionPair, eps: float = 1e-8) -> torch.Tensor:
     """Cross-entropy from the teacher's softmax rows to the student's row-normalized implicit matrix."""
     return -(pair.teacher_maps * pair.student_maps.clamp_min(eps).log()).sum(-1).mean()
-
-
-def capture_attention(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(input, output) of every block's attention while the model runs on images x."""
-    seen, hooks = [], []
-    for block in model.blocks:
-        hooks.append(block.attn.register_forward_hook(
-            lambda m, args, out: seen.append((args[0].detach(), out.detach()))))
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return seen
 
 
 def attention_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from .attention import attention_maps
+from .models import capture_attention
 from .transfer import group_sizes
 
 
@@ -25,19 +26,6 @@ def accuracy(model: nn.Module, data, split: str = "test", *, batch_size: int = 2
     return {"test_acc": correct / max(total, 1), "samples": total}
 
 
-def block_attention_inputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
-    """The input each block's attention receives when the model runs on images x."""
-    inputs, hooks = [], []
-    for block in model.blocks:
-        hooks.append(block.attn.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach())))
-    try:
-        model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return inputs
-
-
 @torch.no_grad()
 def attention_fidelity(teacher: nn.Module, student: nn.Module, x: torch.Tensor, eps: float = 1e-8) -> list[float]:
     """Per layer, KL(teacher softmax maps || student implicit matrix), averaged over images, heads, rows.
@@ -45,7 +33,8 @@ def attention_fidelity(teacher: nn.Module, student: nn.Module, x: torch.Tensor, 
     Each model runs on the same images with its own activations.
     """
     teacher.eval(), student.eval()
-    t_in, s_in = block_attention_inputs(teacher, x), block_attention_inputs(student, x)
+    t_in = [i for i, _ in capture_attention(teacher, x)]
+    s_in = [i for i, _ in capture_attention(student, x)]
     kls = []
     for tb, sb, ti, si in zip(teacher.blocks, student.blocks, t_in, s_in):
         p = attention_maps(tb.attn, ti)

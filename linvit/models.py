@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from timm.models import register_model
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
@@ -59,6 +60,21 @@ def swap_attention(model: VisionTransformer, variant: str, **variant_kwargs) -> 
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
     return model
+
+
+def capture_attention(model: nn.Module, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, output) of every block's attention while the model runs on images x (no gradients)."""
+    seen, hooks = [], []
+    for block in model.blocks:
+        hooks.append(block.attn.register_forward_hook(
+            lambda m, args, out: seen.append((args[0].detach(), out.detach()))))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
 
 
 def model_variant(model: nn.Module) -> str:

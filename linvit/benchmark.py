@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from .attention import ATTENTION, available_variants
+from .registry import SOFTMAX
 
 if TYPE_CHECKING:
     import pandas as pd
 
-REFERENCE = "softmax"
+REFERENCE = SOFTMAX
 
 
 SCOPES = ("module", "core")

@@ -84,13 +84,15 @@ def cmd_variants(args):
     import pandas as pd
 
     from .attention import available_variants
-    from .models import DEIT_DEFAULTS, SIZE_DEFAULTS, build_vit, size_spec
+    from .models import build_vit
+    from .sizes import INPUTS, size_spec
     from .transfer import group_sizes
 
     size_spec(args.size)
+    shape = {k: INPUTS[args.size][k] for k in ("img_size", "in_chans", "num_classes")}
     rows = []
     for v in available_variants():
-        sizes = group_sizes(build_vit(args.size, variant=v, **SIZE_DEFAULTS.get(args.size, DEIT_DEFAULTS)))
+        sizes = group_sizes(build_vit(args.size, variant=v, **shape))
         rows.append({"variant": v, "params": sum(sizes.values()), "attn": sizes["attn"],
                      "attn_extra (operator-specific)": sizes["attn_extra"]})
     print(f"operators at size {args.size}:")

@@ -66,24 +66,22 @@ def _known(kind: str, key: str, names, known) -> None:
 
 def check_names(config: dict) -> None:
     """Every name the grid uses must exist: variants, sizes, datasets and their sources, inits, losses."""
-    from .attention import ATTENTION
-    from .data.sources import SOURCES
-    from .distill import LOSSES
-    from .models import SIZES
-    from .transfer import GROUPS
+    from .groups import GROUPS
+    from .registry import names
+    from .sizes import SIZES
 
-    _known("variant", "variants", config["variants"], ATTENTION)
+    _known("variant", "variants", config["variants"], names("variant"))
     _known("size", "sizes", config["sizes"], SIZES)
     datasets = config["datasets"]
     _known("dataset", "targets", config["targets"], datasets)
     _known("dataset", "teacher.dataset", [config["teacher"]["dataset"]], datasets)
     for name, spec in datasets.items():
-        _known("source", f"datasets.{name}.source", [spec["source"]], SOURCES)
+        _known("source", f"datasets.{name}.source", [spec["source"]], names("source"))
     strategies = config["init_strategies"]
     _known("init strategy", "inits", config["inits"], strategies)
     for name, spec in strategies.items():
         _known("parameter group", f"init_strategies.{name}.copy", spec["copy"], GROUPS)
-    _known("distillation loss", "distill.loss", [config["distill"]["loss"]], LOSSES)
+    _known("distillation loss", "distill.loss", [config["distill"]["loss"]], names("loss"))
 
 
 def validate(config: dict, schema_path: str | Path = SCHEMA) -> dict:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-REFERENCE_VARIANT = "softmax"
+from .registry import SOFTMAX
+
+REFERENCE_VARIANT = SOFTMAX  # the softmax reference runs the teacher's own attention
 REFERENCE_INIT = "reference"
 
 

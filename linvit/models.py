@@ -9,25 +9,8 @@ from torch import nn
 
 from .attention import ATTENTION, attention_class
 from .attention.base import ON_REGISTER
-
-# Shapes only: image size and channels come from the dataset's manifest.
-SIZES: dict[str, dict] = {
-    "micro": dict(patch_size=4, embed_dim=64, depth=4, num_heads=4),          # 28x28 input
-    "mini": dict(patch_size=4, embed_dim=128, depth=6, num_heads=4),          # 28x28 input
-    "deit_tiny": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),   # 224x224 input
-    "deit_small": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "deit_base": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
-}
-
-SOFTMAX = "softmax"
-
-
-def size_spec(size: str) -> dict:
-    try:
-        return SIZES[size]
-    except KeyError:
-        raise ValueError(f"unknown model size {size!r}; known sizes: {', '.join(SIZES)}") from None
-
+from .registry import SOFTMAX
+from .sizes import INPUTS, SIZES, size_spec
 
 def build_vit(size: str, *, num_classes: int, img_size: int | tuple[int, int], in_chans: int,
               variant: str = SOFTMAX, **variant_kwargs) -> VisionTransformer:
@@ -82,10 +65,6 @@ def model_variant(model: nn.Module) -> str:
     return getattr(model.blocks[0].attn, "variant", SOFTMAX)
 
 
-# Input shape and classes a size is built with when nothing says otherwise (timm entry points).
-SIZE_DEFAULTS = {"micro": dict(img_size=28, in_chans=1, num_classes=10),
-                 "mini": dict(img_size=28, in_chans=1, num_classes=10)}
-DEIT_DEFAULTS = dict(img_size=224, in_chans=3, num_classes=1000)
 
 
 def _register_timm(variant: str) -> None:
@@ -98,7 +77,7 @@ def _register_timm(variant: str) -> None:
                 raise ValueError(f"{name}: no pretrained weights; load a checkpoint with load_state_dict")
             for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):  # timm's own
                 kwargs.pop(key, None)
-            args = {**SIZE_DEFAULTS.get(_size, DEIT_DEFAULTS), **kwargs}
+            args = {**{k: INPUTS[_size][k] for k in ('img_size', 'in_chans', 'num_classes')}, **kwargs}
             return build_vit(_size, variant=_variant, **args)
 
         create.__name__ = name

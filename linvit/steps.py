@@ -20,7 +20,8 @@ from .data.loader import ShardSet
 from .distill import DistillTask
 from .evaluate import accuracy, attention_fidelity, parameter_counts, throughput
 from .io import atomic_path, provenance, read_json, write_json
-from .models import SOFTMAX, build_vit
+from .models import build_vit
+from .registry import SOFTMAX
 from .train import TrainSpec, fit
 from .transfer import GROUPS, attention_state, copy_groups, load_attention_state
 

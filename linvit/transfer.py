@@ -1,37 +1,11 @@
-"""Parameter groups and copying weights from a softmax teacher into a student.
-
-Every parameter belongs to exactly one group (see DESIGN.md):
-embed, attn, attn_extra, mlp, norm, head.
-"""
+"""Copying weights from a softmax teacher into a student, by parameter group (see linvit.groups)."""
 
 from __future__ import annotations
-
-import re
 
 import torch
 from torch import nn
 
-GROUPS = ("embed", "attn", "attn_extra", "mlp", "norm", "head")
-
-# Order matters: the first pattern that matches a parameter name decides its group.
-_RULES = [
-    ("embed", r"^(patch_embed\.|cls_token$|reg_token$|pos_embed$)"),
-    # Attention parameters with a softmax counterpart, by timm's names.
-    ("attn", r"^blocks\.\d+\.attn\.(qkv|proj|q_norm|k_norm)\.(weight|bias)$"),
-    ("attn_extra", r"^blocks\.\d+\.attn\."),
-    ("attn", r"^blocks\.\d+\.ls1\."),   # layer scale of the attention branch
-    ("mlp", r"^blocks\.\d+\.(mlp|ls2)\."),
-    ("norm", r"^(blocks\.\d+\.norm\d|norm|fc_norm)\.(weight|bias)$"),
-    ("head", r"^head\."),
-]
-
-
-def parameter_group(name: str) -> str:
-    for group, pattern in _RULES:
-        if re.search(pattern, name):
-            return group
-    raise ValueError(f"parameter {name!r} belongs to no group of {GROUPS}")
-
+from .groups import GROUPS, check_groups, parameter_group
 
 def group_parameters(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter]]]:
     groups: dict[str, list] = {g: [] for g in GROUPS}
@@ -42,13 +16,6 @@ def group_parameters(model: nn.Module) -> dict[str, list[tuple[str, nn.Parameter
 
 def group_sizes(model: nn.Module) -> dict[str, int]:
     return {g: sum(p.numel() for _, p in ps) for g, ps in group_parameters(model).items()}
-
-
-def check_groups(groups) -> list[str]:
-    unknown = [g for g in groups if g not in GROUPS]
-    if unknown:
-        raise ValueError(f"unknown parameter group(s) {unknown}; known groups: {', '.join(GROUPS)}")
-    return list(groups)
 
 
 @torch.no_grad()

@@ -15,10 +15,9 @@ from pathlib import Path
 import pandas as pd
 
 from linvit.grid import Cell, all_cells
+from linvit.groups import GROUPS  # a group a run reports beyond these still gets a column
 from linvit.io import atomic_path
 
-# Parameter groups, in the order of the design notes; a group a run reports beyond these still gets a column.
-GROUPS = ("embed", "attn", "attn_extra", "mlp", "norm", "head")
 ID_COLUMNS = ["dataset", "size", "variant", "init", "seed"]
 RUN_COLUMNS = ID_COLUMNS + [
     "status", "reason", "test_acc", "test_samples", "steps", "train_time_s", "images_seen",

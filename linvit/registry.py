@@ -1,0 +1,49 @@
+"""The names a config may use, known without importing torch.
+
+Operators (`@register_attention`), data sources (`@register_source`) and distillation losses
+(`@register_loss`) register themselves when their module is imported. Importing those modules costs
+seconds (torch, timm, torchvision), which every parse of the Snakefile would pay. So the workflow
+checks a config against the names read from the decorators in the package's source files, plus
+anything already registered in this process (an operator a test or a user's script registered at
+run time). tests/test_registry.py checks that this reading agrees with the imported registries.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+
+# The softmax operator: the teacher's attention, and the variant of the softmax reference runs.
+SOFTMAX = "softmax"
+
+# kind -> (decorator name, source files that register that kind, module holding the live registry)
+_KINDS = {
+    "variant": ("register_attention", "attention/*.py", ("linvit.attention.base", "ATTENTION")),
+    "source": ("register_source", "data/sources.py", ("linvit.data.sources", "SOURCES")),
+    "loss": ("register_loss", "distill.py", ("linvit.distill", "LOSSES")),
+}
+
+
+@lru_cache(maxsize=None)
+def _declared(kind: str) -> frozenset[str]:
+    decorator, pattern, _ = _KINDS[kind]
+    names = set()
+    for path in sorted(PACKAGE.glob(pattern)):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == decorator
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                names.add(node.args[0].value)
+    return frozenset(names)
+
+
+def names(kind: str) -> list[str]:
+    """Sorted names of `kind` ('variant', 'source' or 'loss') that a config may use."""
+    found = set(_declared(kind))
+    module, attr = _KINDS[kind][2]
+    if module in sys.modules:  # registered at run time in this process (only if already imported)
+        found |= set(getattr(sys.modules[module], attr))
+    return sorted(found)

@@ -1,0 +1,32 @@
+"""Model sizes: ViT shapes by name, and the input each is built for when nothing says otherwise.
+
+Plain data, so the workflow can check a config's sizes without importing torch. Adding a size is
+one entry here; `linvit.models` builds it on timm's VisionTransformer and registers
+`linvit_<size>_<variant>` with timm.
+"""
+
+from __future__ import annotations
+
+# Shapes only: for a grid run, image size and channels come from the dataset's manifest.
+SIZES: dict[str, dict] = {
+    "micro": dict(patch_size=4, embed_dim=64, depth=4, num_heads=4),          # 28x28 input
+    "mini": dict(patch_size=4, embed_dim=128, depth=6, num_heads=4),          # 28x28 input
+    "deit_tiny": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),   # 224x224 input
+    "deit_small": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    "deit_base": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+}
+
+# The input a size's timm entry point is built for (image size, channels, classes, normalization).
+# micro and mini: Fashion-MNIST (the default grid's teacher dataset) and its training-set statistics.
+_GRAY28 = dict(img_size=28, in_chans=1, num_classes=10, mean=(0.2860,), std=(0.3530,))
+_IMAGENET = dict(img_size=224, in_chans=3, num_classes=1000,
+                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+INPUTS: dict[str, dict] = {"micro": _GRAY28, "mini": _GRAY28, "deit_tiny": _IMAGENET,
+                           "deit_small": _IMAGENET, "deit_base": _IMAGENET}
+
+
+def size_spec(size: str) -> dict:
+    try:
+        return SIZES[size]
+    except KeyError:
+        raise ValueError(f"unknown model size {size!r}; known sizes: {', '.join(SIZES)}") from None

@@ -1,7 +1,14 @@
-"""The experiment grid: which cells a config asks for, and where each cell's files live.
+"""The experiment grid: which cells a config asks for, and where every file of a run lives.
 
-Snakemake (workflow/rules/common.smk) and the report both read the grid from here, so the DAG and
-the list of expected results can never disagree.
+Snakemake (workflow/rules/common.smk) and the report both read the grid and the paths from here, so
+the DAG and the list of expected results can never disagree, and each path is spelled once. The
+path functions take plain strings, so the rules pass Snakemake wildcards ("{size}") through them.
+
+    results/data/<dataset>/                              shards and _info.json (rule shards)
+    results/teacher/<size>/                              the softmax teacher (rule teacher)
+    results/distill/<dataset>/<size>/<variant>/seed<s>/  distilled attention (rule distill)
+    results/students/<dataset>/<size>/<variant>/<init>/seed<s>/   students and the softmax reference
+    results/logs/<rule>/...log, results/benchmarks/<rule>/...tsv   per job
 """
 
 from __future__ import annotations
@@ -33,15 +40,58 @@ class Cell:
     def key(self) -> str:
         return f"{self.dataset}/{self.size}/{self.variant}/{self.init}/seed{self.seed}"
 
-    def run_dir(self, results: str | Path = "results") -> Path:
-        return Path(results) / "students" / self.key
+    @property
+    def rule(self) -> str:
+        """The Snakemake rule that trains this cell."""
+        return "reference" if self.is_reference else "student"
 
-    def log_path(self, results: str | Path = "results") -> Path:
-        return Path(results) / "logs" / "students" / f"{self.key}.log"
+    def run_dir(self, results: str | Path = RESULTS) -> Path:
+        return Path(run_dir(self.dataset, self.size, self.variant, self.init, self.seed, results))
+
+    def log_path(self, results: str | Path = RESULTS) -> Path:
+        return Path(log_path("students", self.key, results))
+
+    def benchmark_path(self, stage: str = "students", results: str | Path = RESULTS) -> Path:
+        """Benchmark TSV of this cell's training ('students') or evaluation ('evaluate') job."""
+        return Path(benchmark_path(stage, self.key, results))
 
     def as_dict(self) -> dict:
         return {"dataset": self.dataset, "size": self.size, "variant": self.variant,
                 "init": self.init, "seed": self.seed}
+
+
+RESULTS = "results"
+
+# Files of a trained model's folder (teacher, student, softmax reference).
+MODEL_FILES = ("metrics.json", "model.json", "model.safetensors", "config.json", "train.jsonl")
+# Files of a distillation folder.
+DISTILL_FILES = ("metrics.json", "attention.safetensors", "config.json", "train.jsonl")
+
+
+def shards_dir(dataset: str, results: str | Path = RESULTS) -> str:
+    return f"{results}/data/{dataset}"
+
+
+def teacher_dir(size: str, results: str | Path = RESULTS) -> str:
+    return f"{results}/teacher/{size}"
+
+
+def distill_dir(dataset: str, size: str, variant: str, seed, results: str | Path = RESULTS) -> str:
+    return f"{results}/distill/{dataset}/{size}/{variant}/seed{seed}"
+
+
+def run_dir(dataset: str, size: str, variant: str, init: str, seed, results: str | Path = RESULTS) -> str:
+    return f"{results}/students/{dataset}/{size}/{variant}/{init}/seed{seed}"
+
+
+def log_path(rule: str, key: str, results: str | Path = RESULTS) -> str:
+    """The log of one job: `key` is the job's path below its rule (a size, a cell key, ...)."""
+    return f"{results}/logs/{rule}/{key}.log"
+
+
+def benchmark_path(rule: str, key: str, results: str | Path = RESULTS) -> str:
+    """Snakemake's benchmark TSV of one job (wall-clock s, max_rss MB, cpu_time, ...)."""
+    return f"{results}/benchmarks/{rule}/{key}.tsv"
 
 
 def student_cells(config: dict) -> list[Cell]:

@@ -20,6 +20,7 @@ from .registry import SOFTMAX
 
 REFERENCE_VARIANT = SOFTMAX  # the softmax reference runs the teacher's own attention
 REFERENCE_INIT = "reference"
+RESULTS = "results"
 
 
 @dataclass(frozen=True, order=True)
@@ -59,8 +60,6 @@ class Cell:
         return {"dataset": self.dataset, "size": self.size, "variant": self.variant,
                 "init": self.init, "seed": self.seed}
 
-
-RESULTS = "results"
 
 # Files of a trained model's folder (teacher, student, softmax reference).
 MODEL_FILES = ("metrics.json", "model.json", "model.safetensors", "config.json", "train.jsonl")

@@ -20,6 +20,8 @@ from torch import nn
 ATTENTION: dict[str, type["LinearAttention"]] = {}
 # Called with each newly registered name (models.py registers the timm entry points this way).
 ON_REGISTER: list = []
+# Called with each name just before it is unregistered (models.py removes the timm entry points).
+ON_UNREGISTER: list = []
 
 
 def register_attention(name: str):
@@ -35,6 +37,15 @@ def register_attention(name: str):
         return cls
 
     return wrap
+
+
+def unregister_attention(name: str) -> None:
+    """Undo `register_attention(name)`: the name and everything hooked to it (timm entry points)."""
+    if name not in ATTENTION:
+        raise ValueError(f"attention variant {name!r} is not registered")
+    for hook in ON_UNREGISTER:
+        hook(name)
+    del ATTENTION[name]
 
 
 def available_variants() -> list[str]:

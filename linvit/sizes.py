@@ -16,11 +16,15 @@ SIZES: dict[str, dict] = {
     "deit_base": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
 }
 
-# The input a size's timm entry point is built for (image size, channels, classes, normalization).
-# micro and mini: Fashion-MNIST (the default grid's teacher dataset) and its training-set statistics.
-_GRAY28 = dict(img_size=28, in_chans=1, num_classes=10, mean=(0.2860,), std=(0.3530,))
+# The input a size's timm entry point is built for (image size, channels, classes, normalization,
+# and the eval transform timm's resolve_data_config reads: crop_pct, interpolation).
+# micro and mini: Fashion-MNIST (the default grid's teacher dataset) and its training-set statistics,
+# used whole (no center crop). The DeiT sizes: ImageNet with DeiT's eval transform.
+_GRAY28 = dict(img_size=28, in_chans=1, num_classes=10, mean=(0.2860,), std=(0.3530,),
+               crop_pct=1.0, interpolation="bilinear")
 _IMAGENET = dict(img_size=224, in_chans=3, num_classes=1000,
-                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+                 mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
+                 crop_pct=0.875, interpolation="bicubic")
 INPUTS: dict[str, dict] = {"micro": _GRAY28, "mini": _GRAY28, "deit_tiny": _IMAGENET,
                            "deit_small": _IMAGENET, "deit_base": _IMAGENET}
 

@@ -5,8 +5,12 @@ import json
 import pytest
 import timm
 import torch
+from timm.models import _registry
+
+import linvit.models
 
 from linvit.attention import ATTENTION, LinearAttention, register_attention
+from linvit.attention.base import unregister_attention
 from linvit.config import validate
 from linvit.steps import run_shards, run_student, run_teacher
 
@@ -31,7 +35,10 @@ def toy():
             return torch.sigmoid(q), torch.sigmoid(k)
 
     yield "toy_sigmoid"
-    del ATTENTION["toy_sigmoid"]
+    unregister_attention("toy_sigmoid")
+    # Nothing of it is left behind: not the name, not the timm models registered for it.
+    assert "toy_sigmoid" not in ATTENTION
+    assert timm.list_models("linvit_*toy*") == []
 
 
 def test_a_toy_operator_trains_a_student_through_the_normal_path(toy, tmp_path):
@@ -47,3 +54,19 @@ def test_a_toy_operator_trains_a_student_through_the_normal_path(toy, tmp_path):
     model = timm.create_model(f"linvit_micro_{toy}")
     assert type(model.blocks[0].attn).__name__ == "ToySigmoid"
     assert model(torch.randn(1, 1, 28, 28)).shape == (1, 10)
+
+
+def test_unregistering_an_operator_removes_its_timm_models(toy):
+    names = timm.list_models(f"linvit_*_{toy}")
+    assert len(names) == len(linvit.models.SIZES) and timm.list_models(module="linvit", filter="*toy*") == names
+    unregister_attention(toy)
+    assert timm.list_models("linvit_*toy*") == [] and not timm.list_models(module="linvit", filter="*toy*")
+    for name in names:
+        assert not timm.is_model(name) and name not in _registry._model_pretrained_cfgs
+        assert name not in linvit.models.default_cfgs and not hasattr(linvit.models, name)
+    with pytest.raises(RuntimeError, match="Unknown model"):
+        timm.create_model(names[0])
+    # Registered again, it has working models again (which the fixture's teardown removes).
+    register_attention(toy)(type("ToySigmoid", (LinearAttention,), {
+        "features": lambda self, q, k: (torch.sigmoid(q), torch.sigmoid(k))}))
+    assert timm.create_model(f"linvit_micro_{toy}")(torch.randn(1, 1, 28, 28)).shape == (1, 10)

@@ -12,14 +12,15 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from .config import get, init_strategy
 from .data.loader import ShardSet
+from .data.shards import MANIFEST
 from .distill import DistillTask
 from .evaluate import accuracy, attention_fidelity, parameter_counts, throughput
-from .io import atomic_path, provenance, read_json, write_json
+from .io import code_version, file_sha256, provenance, read_json, remove_stale_temps, write_json, write_safetensors
 from .models import build_vit
 from .registry import SOFTMAX
 from .train import TrainSpec, fit
@@ -29,9 +30,17 @@ from .transfer import GROUPS, attention_state, copy_groups, load_attention_state
 # -- model folders: model.safetensors plus model.json describing the architecture ----------------
 
 def save_model(model: nn.Module, folder: Path, arch: dict) -> None:
-    with atomic_path(folder / "model.safetensors") as tmp:
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    write_safetensors(folder / "model.safetensors", model.state_dict())
     write_json(folder / "model.json", arch)
+
+
+def _load_tensors(path: Path, what: str) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors and torch raise several types for a bad file
+        raise ValueError(f"{what} {path} cannot be loaded: {str(err).splitlines()[0]}") from None
 
 
 def load_model(folder: str | Path, what: str = "model") -> tuple[nn.Module, dict]:
@@ -40,11 +49,10 @@ def load_model(folder: str | Path, what: str = "model") -> tuple[nn.Module, dict
     model = build_vit(arch["size"], num_classes=arch["num_classes"], img_size=arch["img_size"],
                       in_chans=arch["in_chans"], variant=arch["variant"])
     weights = folder / "model.safetensors"
-    if not weights.exists():
-        raise FileNotFoundError(f"{what} weights {weights} do not exist")
+    state = _load_tensors(weights, f"{what} weights")
     try:
-        model.load_state_dict(load_file(str(weights)))
-    except Exception as err:  # safetensors and torch raise several types for a bad file
+        model.load_state_dict(state)
+    except RuntimeError as err:  # other tensors or shapes than model.json describes
         raise ValueError(f"{what} weights {weights} cannot be loaded: {str(err).splitlines()[0]}") from None
     return model.eval(), arch
 
@@ -75,10 +83,44 @@ def _spec(config: dict, key: str) -> TrainSpec:
     return TrainSpec.from_dict(get(config, key), key)
 
 
-def _finish(out_dir: Path, model, arch, metrics: dict, config: dict) -> dict:
-    """Write the outputs of a training step; metrics.json last, as the mark of a complete run."""
-    save_model(model, out_dir, arch)
-    write_json(out_dir / "config.json", provenance(config))
+def _start(out_dir) -> Path:
+    """A step's output folder, without the temporary files an earlier, killed run left in it."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out_dir)
+    remove_stale_temps(out_dir / "checkpoint")
+    return out_dir
+
+
+def _fingerprint(config: dict, keys: list[str], seed: int, job: dict, files: dict[str, Path]) -> dict:
+    """What determines a training step's result, compared before resuming from its checkpoint.
+
+    The config keys the step reads (absent optional keys stay absent), the job's names, the seed,
+    the code version, and the sha256 of each input file (data manifest, teacher weights, distilled
+    attention): a change in any of them makes an old checkpoint unusable.
+    """
+    found = {}
+    for key in keys:
+        node, target = config, found
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+            target = target.setdefault(part, {})
+        if isinstance(node, dict) and last in node:
+            target[last] = node[last]
+    files = {name: file_sha256(path) for name, path in files.items()}
+    return {**found, "job": job, "seed": seed, **code_version(), **files}
+
+
+def _finish(out_dir: Path, metrics: dict, config: dict, fingerprint: dict, tensors: dict[str, dict],
+            arch: dict | None = None) -> dict:
+    """Write the outputs of a training step: the tensor files, model.json, config.json, then
+    metrics.json last, as the mark of a complete run; then drop the checkpoint."""
+    for name, values in tensors.items():
+        write_safetensors(out_dir / name, values)
+    if arch is not None:
+        write_json(out_dir / "model.json", arch)
+    write_json(out_dir / "config.json", provenance(config, fingerprint=fingerprint))
     write_json(out_dir / "metrics.json", metrics)
     shutil.rmtree(out_dir / "checkpoint", ignore_errors=True)
     return metrics
@@ -89,6 +131,7 @@ def _finish(out_dir: Path, model, arch, metrics: dict, config: dict) -> dict:
 def run_shards(config: dict, dataset: str, out_dir: str | Path) -> dict:
     from .data.shards import write_shards
 
+    _start(out_dir)
     spec = get(config, f"datasets.{dataset}")
     shards = config.get("shards", {})
     return write_shards(dataset, spec, out_dir, seed=shards.get("seed", 0),
@@ -97,14 +140,18 @@ def run_shards(config: dict, dataset: str, out_dir: str | Path) -> dict:
 
 def run_teacher(config: dict, size: str, seed: int, shards_dir, out_dir) -> dict:
     """Pretrain the softmax teacher on the teacher dataset (at paper scale: load timm weights instead)."""
-    out_dir, data = Path(out_dir), ShardSet(shards_dir)
+    out_dir, data = _start(out_dir), ShardSet(shards_dir)
     dataset = get(config, "teacher.dataset")
     spec = _spec(config, "teacher.train")
+    fingerprint = _fingerprint(config, ["teacher"], seed, {"step": "teacher", "size": size},
+                               {"data": data.dir / MANIFEST})
     torch.manual_seed(seed)
     model = build_vit(size, num_classes=data.num_classes, img_size=data.image_size, in_chans=data.channels)
-    summary = fit(ClassifyTask(model, data, spec), spec, data, out_dir, seed=seed, desc=f"teacher {size}")
+    summary = fit(ClassifyTask(model, data, spec), spec, data, out_dir, seed=seed, desc=f"teacher {size}",
+                  fingerprint=fingerprint)
     metrics = {"dataset": dataset, "size": size, "variant": SOFTMAX, "init": "random", "seed": seed, **summary}
-    return _finish(out_dir, model, _arch(size, SOFTMAX, data, dataset), metrics, config)
+    return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": model.state_dict()},
+                   _arch(size, SOFTMAX, data, dataset))
 
 
 def _check_teacher(arch: dict, size: str, data: ShardSet, dataset: str, folder) -> None:
@@ -115,7 +162,7 @@ def _check_teacher(arch: dict, size: str, data: ShardSet, dataset: str, folder) 
                          f"channel(s); dataset {dataset!r} has {list(data.image_size)} with {data.channels}")
 
 
-def _student(config, dataset, size, variant, seed, teacher_dir, shards_dir):
+def _student(dataset, size, variant, seed, teacher_dir, shards_dir):
     data = ShardSet(shards_dir)
     teacher, arch = load_model(teacher_dir, what="teacher")
     _check_teacher(arch, size, data, dataset, teacher_dir)
@@ -127,20 +174,25 @@ def _student(config, dataset, size, variant, seed, teacher_dir, shards_dir):
 
 def run_distill(config: dict, dataset: str, size: str, variant: str, seed: int, teacher_dir, shards_dir,
                 out_dir) -> dict:
-    """Distill the teacher's attention into a fresh linear student's attention on `dataset`'s images."""
-    out_dir = Path(out_dir)
-    data, teacher, arch, student = _student(config, dataset, size, variant, seed, teacher_dir, shards_dir)
+    """Distill the teacher's attention into a fresh linear student's attention on `dataset`'s images.
+
+    Progress is measured on a fixed probe batch of `evaluation.fidelity_samples` test images
+    (default 64, at most the test split).
+    """
+    out_dir = _start(out_dir)
+    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir)
     spec, loss = _spec(config, "distill.train"), get(config, "distill.loss")
-    probe = data.fixed_batch("test", min(64, data.num_samples("test")))[0]
+    fingerprint = _fingerprint(config, ["distill", "evaluation.fidelity_samples"], seed,
+                               {"step": "distill", "dataset": dataset, "size": size, "variant": variant},
+                               {"data": data.dir / MANIFEST, "teacher_weights": Path(teacher_dir) / "model.safetensors"})
+    samples = config.get("evaluation", {}).get("fidelity_samples", 64)
+    probe = data.fixed_batch("test", min(samples, data.num_samples("test")))[0]
     task = DistillTask(teacher, student, loss, probe)
-    summary = fit(task, spec, data, out_dir, seed=seed, desc=f"distill {dataset}/{size}/{variant}")
-    with atomic_path(out_dir / "attention.safetensors") as tmp:
-        save_file({k: v.contiguous() for k, v in attention_state(student).items()}, str(tmp))
-    write_json(out_dir / "config.json", provenance(config))
-    metrics = {"dataset": dataset, "size": size, "variant": variant, "seed": seed, "loss": loss, **summary}
-    write_json(out_dir / "metrics.json", metrics)
-    shutil.rmtree(out_dir / "checkpoint", ignore_errors=True)
-    return metrics
+    summary = fit(task, spec, data, out_dir, seed=seed, desc=f"distill {dataset}/{size}/{variant}",
+                  fingerprint=fingerprint)
+    metrics = {"dataset": dataset, "size": size, "variant": variant, "seed": seed, "loss": loss,
+               "probe_samples": len(probe), **summary}
+    return _finish(out_dir, metrics, config, fingerprint, {"attention.safetensors": attention_state(student)})
 
 
 def run_student(config: dict, dataset: str, size: str, variant: str, init: str, seed: int, teacher_dir,
@@ -150,10 +202,11 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     variant 'softmax' with init 'reference' is the softmax reference: the teacher trained on the
     target with the students' budget.
     """
-    out_dir = Path(out_dir)
+    out_dir = _start(out_dir)
     strategy = init_strategy(config, init)
     spec = _spec(config, "student.train")
-    data, teacher, arch, student = _student(config, dataset, size, variant, seed, teacher_dir, shards_dir)
+    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir)
+    inputs = {"data": data.dir / MANIFEST, "teacher_weights": Path(teacher_dir) / "model.safetensors"}
     same_labels = arch["dataset"] == dataset and arch["num_classes"] == data.num_classes
     copied = copy_groups(student, teacher, strategy["copy"], copy_head=same_labels)
     distill = None
@@ -162,23 +215,30 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
             raise ValueError(f"init strategy {init!r} distills attention: pass the distillation folder")
         distilled_dir = Path(distilled_dir)
         info = read_json(distilled_dir / "metrics.json", what="distillation metrics")
-        load_attention_state(student, load_file(str(distilled_dir / "attention.safetensors")))
+        inputs["distilled_attention"] = distilled_dir / "attention.safetensors"
+        load_attention_state(student, _load_tensors(inputs["distilled_attention"], "distilled attention"))
         distill = {"loss": info["loss"], "steps": info["steps"], "time_s": info["train_time_s"],
                    "final_loss": info["final_loss"]}
+    fingerprint = _fingerprint({"student": get(config, "student"), "init_strategy": strategy},
+                               ["student", "init_strategy"], seed,
+                               {"step": "student", "dataset": dataset, "size": size, "variant": variant,
+                                "init": init}, inputs)
     print(f"student {dataset}/{size}/{variant}/{init}/seed{seed}: copied "
           + ", ".join(f"{g}={copied[g]}" for g in GROUPS) + (" + distilled attention" if distill else ""),
           file=sys.stderr)
     summary = fit(ClassifyTask(student, data, spec), spec, data, out_dir, seed=seed,
-                  desc=f"student {dataset}/{size}/{variant}/{init}")
+                  desc=f"student {dataset}/{size}/{variant}/{init}", fingerprint=fingerprint)
     metrics = {"dataset": dataset, "size": size, "variant": variant, "init": init, "seed": seed,
                "copied": copied, "head_copied": same_labels and "head" in strategy["copy"],
                "distill": distill, "test_samples": summary.pop("samples"), **summary}
-    return _finish(out_dir, student, _arch(size, variant, data, dataset), metrics, config)
+    return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": student.state_dict()},
+                   _arch(size, variant, data, dataset))
 
 
 def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path) -> dict:
     """Fidelity to the teacher's attention, parameter counts and throughput of a trained run."""
     run_dir, data = Path(run_dir), ShardSet(shards_dir)
+    remove_stale_temps(Path(out_path).parent, Path(out_path).name)
     metrics = read_json(run_dir / "metrics.json", what="run metrics")
     model, _ = load_model(run_dir)
     teacher, _ = load_model(teacher_dir, what="teacher")

@@ -1,8 +1,14 @@
 """The one training loop, used by the teacher, the distillation stage and the students.
 
 AdamW, linear warmup then cosine decay, optional label smoothing (in the task's loss), gradient
-clipping; seeded; a JSONL log; a checkpoint (safetensors weights plus optimizer state) at every
-epoch end and every `checkpoint_every` steps, from which a killed job resumes to the same result.
+clipping; seeded; a JSONL log; a checkpoint at every epoch end and every `checkpoint_every` steps,
+from which a killed job resumes to the same result.
+
+A checkpoint is a folder `checkpoint/step<N>/` holding `model.safetensors`, `state.pt` (optimizer,
+scheduler and RNG state: tensors and plain values only, read with `weights_only=True`) and
+`meta.json` (step, time, the run's first loss and its fingerprint), plus a `LATEST` pointer. A job
+resumes only from a checkpoint whose fingerprint equals its own (see `fit`); an unreadable or
+mismatched checkpoint is reported in one line and training starts afresh.
 """
 
 from __future__ import annotations
@@ -17,14 +23,20 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .io import write_text
+from .io import atomic_path, write_json, write_safetensors, write_text
+
+MAX_STEPS = 10**8       # a larger `steps` is a typo (10**12 would never finish), not a budget
+DIVERGE_FLOOR = 1.0     # the start loss below which the divergence threshold stops shrinking
+PROGRESS_SECONDS = 30.0  # in log files, a progress line at least this often
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
+    """The loss became NaN or infinite, or rose far above where it started (see `diverged`).
+
+    The message contains the word "diverged": the report marks a cell with that status from it.
+    """
 
 
 @dataclass
@@ -41,6 +53,7 @@ class TrainSpec:
     eval_samples: int | None = None  # test samples for intermediate evaluations (the final one uses all)
     checkpoint_every: int = 0      # 0: checkpoint at epoch ends only
     log_every: int = 10
+    diverge_factor: float | None = 100.0  # see `diverged`; None: only NaN/inf stops a run
 
     @classmethod
     def from_dict(cls, data: dict, key: str = "train") -> "TrainSpec":
@@ -51,6 +64,16 @@ class TrainSpec:
         missing = [n for n in ("steps", "batch_size", "lr") if n not in data]
         if missing:
             raise ValueError(f"config key {key}: missing setting(s) {missing}")
+        # The schema checks these too, but a config given by hand (--config FILE) skips the schema.
+        steps = data["steps"]
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= MAX_STEPS:
+            raise ValueError(f"config key {key}.steps: {steps!r} is not a whole number of steps from 1 to "
+                             f"{MAX_STEPS} (10**8)")
+        if not isinstance(data["batch_size"], int) or data["batch_size"] < 1:
+            raise ValueError(f"config key {key}.batch_size: {data['batch_size']!r} is not a positive integer")
+        factor = data.get("diverge_factor")
+        if factor is not None and not (isinstance(factor, (int, float)) and factor > 1):
+            raise ValueError(f"config key {key}.diverge_factor: {factor!r} must be a number above 1, or null")
         return cls(**data)
 
     def lr_factor(self, step: int) -> float:
@@ -59,6 +82,22 @@ class TrainSpec:
         progress = (step - self.warmup_steps) / max(1, self.steps - self.warmup_steps)
         floor = self.min_lr / self.lr
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def diverged(spec: TrainSpec, loss: float, start_loss: float) -> bool:
+    """The divergence rule: a non-finite loss, or a step's loss above
+    `diverge_factor` x max(1, the run's first step loss).
+
+    The first step's loss is the loss at initialization, before any update, so an explosion in
+    the first steps cannot inflate the reference; the floor of 1 keeps a run that starts near zero
+    loss (a student from a well-trained teacher) from stopping at a harmless bump. Deterministic:
+    the same run gives the same verdict, resumed or not.
+    """
+    if not math.isfinite(loss):
+        return True
+    if not spec.diverge_factor:
+        return False
+    return loss > spec.diverge_factor * max(DIVERGE_FLOOR, start_loss)
 
 
 class Task(Protocol):
@@ -73,15 +112,44 @@ class Task(Protocol):
     def evaluate(self, final: bool) -> dict: ...
 
 
-def _param_groups(named, weight_decay):
-    # As timm does: no decay on biases, norms and the token/position embeddings.
-    decay = [p for n, p in named if p.ndim > 1 and n not in ("pos_embed", "cls_token")]
-    no_decay = [p for n, p in named if not (p.ndim > 1 and n not in ("pos_embed", "cls_token"))]
+def param_groups(model: nn.Module, named, weight_decay: float) -> list[dict]:
+    """[decay, no-decay] AdamW groups, as timm does: no decay on biases, norms, and the parameters
+    the model's own `no_weight_decay()` names (timm: pos_embed, cls_token, reg_token, dist_token)."""
+    skip = {"pos_embed", "cls_token"}
+    if hasattr(model, "no_weight_decay"):
+        skip |= set(model.no_weight_decay())
+    decay = [p for n, p in named if p.ndim > 1 and n not in skip]
+    no_decay = [p for n, p in named if not (p.ndim > 1 and n not in skip)]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def _one_line(err: BaseException, limit: int = 160) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def fingerprint_changes(old: dict, new: dict) -> list[str]:
+    """The dotted keys whose values differ between two fingerprints (e.g. 'teacher.train.lr', 'data')."""
+    a, b = _flatten(old), _flatten(new)
+    return sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
+
+
+class _Unusable(Exception):
+    """A checkpoint that cannot be resumed from; the message is the one line to print."""
+
+
 class Checkpoints:
-    """step<N>/ folders (model.safetensors + state.pt) and a LATEST pointer replaced atomically."""
+    """step<N>/ folders (model.safetensors, state.pt, meta.json) and a LATEST pointer replaced atomically."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -90,43 +158,109 @@ class Checkpoints:
         pointer = self.root / "LATEST"
         if not pointer.exists():
             return None
-        path = self.root / pointer.read_text().strip()
-        return path if (path / "state.pt").exists() else None
+        return self.root / pointer.read_text().strip()
 
-    def save(self, step: int, model: nn.Module, state: dict) -> None:
+    def save(self, step: int, model: nn.Module, state: dict, meta: dict) -> None:
+        """Write step<N>/ completely, then point LATEST at it; a failed write (full disk) removes the
+        partial folder, keeps the previous checkpoint, and raises an OSError naming the file."""
         folder = self.root / f"step{step:08d}"
         if folder.exists():
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors")
-        torch.save(state, folder / "state.pt")
+        try:
+            write_safetensors(folder / "model.safetensors", model.state_dict())
+            with atomic_path(folder / "state.pt") as tmp:
+                try:
+                    torch.save(state, tmp)
+                except RuntimeError as err:  # torch reports a failed write as RuntimeError
+                    raise OSError(f"cannot write {folder / 'state.pt'}: {_one_line(err)}") from None
+            write_json(folder / "meta.json", meta)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         write_text(self.root / "LATEST", folder.name)
         for old in self.root.glob("step*"):
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def load(self, model: nn.Module) -> dict | None:
+    def load(self, model: nn.Module, fingerprint: dict) -> tuple[dict, dict, dict] | None:
+        """(weights, state, meta) of the latest checkpoint, None when there is none.
+
+        Raises _Unusable (a one-line reason) when it cannot be read or was made under another
+        fingerprint. Nothing is applied to the model here, so a fresh start stays fresh.
+        """
         folder = self.latest()
         if folder is None:
             return None
-        model.load_state_dict(load_file(folder / "model.safetensors"))
-        return torch.load(folder / "state.pt", weights_only=False)
+        meta_path = folder / "meta.json"
+        try:
+            meta = json.loads(meta_path.read_text())
+            missing = [k for k in ("fingerprint", "step", "elapsed_s", "start_loss") if k not in meta]
+            if missing:
+                raise ValueError(f"lacks {', '.join(missing)}")
+            saved = meta["fingerprint"]
+        except (OSError, ValueError, TypeError) as err:
+            raise _Unusable(f"checkpoint file {meta_path} is unreadable ({_one_line(err)})") from None
+        changed = fingerprint_changes(saved, fingerprint)
+        if changed:
+            shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+            raise _Unusable(f"checkpoint in {self.root} was made under another config (changed: {shown})")
+        from safetensors.torch import load_file
 
-    def clear(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        weights_path, state_path = folder / "model.safetensors", folder / "state.pt"
+        try:
+            weights = load_file(str(weights_path))
+        except Exception as err:  # safetensors raises SafetensorError, OSError... for a bad file
+            raise _Unusable(f"checkpoint file {weights_path} is unreadable ({_one_line(err)})") from None
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        if {k: tuple(v.shape) for k, v in weights.items()} != expected:
+            raise _Unusable(f"checkpoint file {weights_path} does not fit the model (other tensors or shapes)")
+        try:
+            # weights_only: a state.pt that is not plain tensors and containers is refused, never run.
+            state = torch.load(state_path, weights_only=True)
+            missing = [k for k in ("optimizer", "scheduler", "rng") if k not in state]
+            if missing:
+                raise ValueError(f"lacks {', '.join(missing)}")
+        except Exception as err:  # truncated zip, unpickling refused, wrong content
+            raise _Unusable(f"checkpoint file {state_path} is unreadable ({_one_line(err)})") from None
+        return weights, state, meta
 
 
 class _Log:
-    """The JSONL log; on resume, the lines after the checkpoint's step are dropped (they get redone)."""
+    """The JSONL log; on resume, the lines after the checkpoint's step are dropped (they get redone).
+
+    A last line that does not parse is the write a kill interrupted: dropped. A malformed line
+    elsewhere is an error naming file:line, raised before the file is touched.
+    """
 
     def __init__(self, path: Path, resume_step: int | None):
         self.path = path
         lines = []
         if resume_step is not None and path.exists():
-            lines = [ln for ln in path.read_text().splitlines()
-                     if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
+            lines = self._kept(path, resume_step)
         write_text(path, "".join(ln + "\n" for ln in lines))
         self.file = path.open("a")
+
+    @staticmethod
+    def _kept(path: Path, resume_step: int) -> list[str]:
+        try:
+            raw = path.read_text(encoding="utf-8", errors="replace").split("\n")
+        except OSError as err:
+            raise OSError(f"{path}: cannot read the training log ({_one_line(err)})") from None
+        numbered = [(i, ln) for i, ln in enumerate(raw, 1) if ln.strip()]
+        kept = []
+        for n, (i, ln) in enumerate(numbered):
+            try:
+                record = json.loads(ln)
+                step = record.get("step", 0)
+            except (ValueError, AttributeError) as err:
+                if n == len(numbered) - 1:
+                    break  # the interrupted last write
+                raise ValueError(f"{path}:{i}: malformed log line ({_one_line(err, 80)}); fix or delete "
+                                 f"that line and rerun (the checkpoint is kept)") from None
+            if step <= resume_step:
+                kept.append(ln)
+        return kept
 
     def write(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")
@@ -136,16 +270,25 @@ class _Log:
         self.file.close()
 
 
-def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, desc: str = "train") -> dict:
+def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, desc: str = "train",
+        fingerprint: dict | None = None) -> dict:
     """Train `task` on the train split of `data` (a ShardSet) for `spec.steps` steps.
 
-    Returns a summary (steps, epochs, time, images seen, last loss, final evaluation). Raises
-    TrainingDiverged on a non-finite loss, leaving the last checkpoint in place.
+    `fingerprint`: what determines the run (config slice, data, teacher, seed, code version; the
+    step builds it). A checkpoint in `out_dir` is resumed only when made under an equal fingerprint;
+    otherwise, or when a checkpoint file is unreadable, one line on stderr says why and training
+    starts afresh. Returns a summary (steps, epochs, time, images seen, last loss, final
+    evaluation). Raises TrainingDiverged (see `diverged`), leaving the last checkpoint in place.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if fingerprint is None:  # a caller that says nothing: at least the seed and the spec
+        fingerprint = {"train": vars(spec)}
+    fingerprint = {"seed": seed, **fingerprint}
+    # JSON round trip: the fingerprint is compared with one read back from meta.json.
+    fingerprint = json.loads(json.dumps(fingerprint))
     model, named = task.model, task.trainable()
-    optimizer = torch.optim.AdamW(_param_groups(named, spec.weight_decay), lr=spec.lr)
+    optimizer = torch.optim.AdamW(param_groups(model, named, spec.weight_decay), lr=spec.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
     ckpts = Checkpoints(out_dir / "checkpoint")
     steps_per_epoch = data.steps_per_epoch("train", spec.batch_size)
@@ -154,59 +297,86 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
                          f"{data.num_samples('train')} training samples")
 
     torch.manual_seed(seed)
-    step, elapsed = 0, 0.0
-    state = ckpts.load(model)
-    if state is not None:
-        optimizer.load_state_dict(state["optimizer"])
+    step, elapsed, start_loss = 0, 0.0, None
+    try:
+        resumed = ckpts.load(model, fingerprint)
+    except _Unusable as why:
+        print(f"{desc}: {why}; starting afresh", file=sys.stderr)
+        resumed = None
+    if resumed is not None:
+        weights, state, meta = resumed
+        try:
+            optimizer.load_state_dict(state["optimizer"])  # checks before it changes anything
+        except (ValueError, KeyError, TypeError) as err:
+            print(f"{desc}: checkpoint file {ckpts.latest() / 'state.pt'} does not fit the optimizer "
+                  f"({_one_line(err)}); starting afresh", file=sys.stderr)
+            optimizer = torch.optim.AdamW(param_groups(model, named, spec.weight_decay), lr=spec.lr)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
+            resumed = None
+    if resumed is not None:
+        model.load_state_dict(weights)  # keys and shapes were checked
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
-        step, elapsed = state["step"], state["elapsed_s"]
+        step, elapsed, start_loss = meta["step"], meta["elapsed_s"], meta["start_loss"]
         print(f"{desc}: resuming from step {step}", file=sys.stderr)
-    log = _Log(out_dir / "train.jsonl", step if state is not None else None)
+    log = _Log(out_dir / "train.jsonl", step if resumed is not None else None)
 
     def checkpoint():
         ckpts.save(step, model, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                                 "rng": torch.get_rng_state(), "step": step, "elapsed_s": elapsed})
+                                 "rng": torch.get_rng_state()},
+                   {"step": step, "elapsed_s": elapsed, "start_loss": start_loss, "fingerprint": fingerprint})
 
-    if state is None and spec.eval_every:
+    if resumed is None and spec.eval_every:
         _evaluate(task, log, 0, 0, 0.0, final=False)  # what the initialization alone gives
     bar = _progress(spec.steps, step, desc)
     last_loss, started = float("nan"), time.perf_counter() - elapsed
     model.train()
-    while step < spec.steps:
-        epoch, skip = divmod(step, steps_per_epoch)
-        for x, y in data.batches("train", spec.batch_size, seed=seed, epoch=epoch, shuffle=True,
-                                 drop_last=True, skip_batches=skip):
-            loss = task.loss(x, y)
-            if not torch.isfinite(loss):
-                log.close()
-                raise TrainingDiverged(f"{desc}: loss became {loss.item()} at step {step + 1}; "
-                                       f"stopped, no metrics written")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if spec.clip_grad:
-                nn.utils.clip_grad_norm_([p for _, p in named], spec.clip_grad)
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            last_loss = loss.item()
-            elapsed = time.perf_counter() - started
-            bar.update(step, last_loss)
-            if step % spec.log_every == 0 or step == spec.steps:
-                log.write({"kind": "train", "step": step, "epoch": epoch, "loss": last_loss,
-                           "lr": scheduler.get_last_lr()[0], "elapsed_s": round(elapsed, 3)})
-            if spec.eval_every and step % spec.eval_every == 0 and step < spec.steps:
-                _evaluate(task, log, step, epoch, elapsed, final=False)
-            epoch_end = step % steps_per_epoch == 0
-            if step < spec.steps and (epoch_end or (spec.checkpoint_every and step % spec.checkpoint_every == 0)):
-                checkpoint()
-            if step >= spec.steps or epoch_end:
-                break
-    bar.close()
-    final = _evaluate(task, log, step, (step - 1) // steps_per_epoch, elapsed, final=True)
-    log.close()
+    try:
+        while step < spec.steps:
+            epoch, skip = divmod(step, steps_per_epoch)
+            for x, y in data.batches("train", spec.batch_size, seed=seed, epoch=epoch, shuffle=True,
+                                     drop_last=True, skip_batches=skip):
+                loss = task.loss(x, y)
+                value = loss.item()
+                if start_loss is None:
+                    start_loss = value
+                if diverged(spec, value, start_loss):
+                    raise TrainingDiverged(_diverged_message(desc, spec, value, start_loss, step + 1))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if spec.clip_grad:
+                    nn.utils.clip_grad_norm_([p for _, p in named], spec.clip_grad)
+                optimizer.step()
+                scheduler.step()
+                step += 1
+                last_loss = value
+                elapsed = time.perf_counter() - started
+                bar.update(step, last_loss)
+                if step % spec.log_every == 0 or step == spec.steps:
+                    log.write({"kind": "train", "step": step, "epoch": epoch, "loss": last_loss,
+                               "lr": scheduler.get_last_lr()[0], "elapsed_s": round(elapsed, 3)})
+                if spec.eval_every and step % spec.eval_every == 0 and step < spec.steps:
+                    _evaluate(task, log, step, epoch, elapsed, final=False)
+                epoch_end = step % steps_per_epoch == 0
+                if step < spec.steps and (epoch_end or (spec.checkpoint_every and step % spec.checkpoint_every == 0)):
+                    checkpoint()
+                if step >= spec.steps or epoch_end:
+                    break
+        bar.close()
+        final = _evaluate(task, log, step, (step - 1) // steps_per_epoch, elapsed, final=True)
+    finally:
+        log.close()
     return {"steps": step, "epochs": step / steps_per_epoch, "train_time_s": round(elapsed, 3),
             "images_seen": step * spec.batch_size, "final_loss": last_loss, **final}
+
+
+def _diverged_message(desc: str, spec: TrainSpec, value: float, start_loss: float, step: int) -> str:
+    if not math.isfinite(value):
+        why = f"loss became {value} at step {step}"
+    else:
+        why = (f"loss {value:.4g} at step {step} is over {spec.diverge_factor:g}x the start "
+               f"({max(DIVERGE_FLOOR, start_loss):.4g}; train.diverge_factor)")
+    return f"{desc}: diverged: {why}; stopped, no metrics written"
 
 
 def _evaluate(task, log, step, epoch, elapsed, final) -> dict:
@@ -222,10 +392,11 @@ def _evaluate(task, log, step, epoch, elapsed, final) -> dict:
 
 
 class _progress:
-    """A tqdm bar on a terminal; otherwise a line every ~10% of the run (for log files)."""
+    """A tqdm bar on a terminal; otherwise a line every ~10% of the run and at least every
+    PROGRESS_SECONDS (for log files: a long run shows life)."""
 
     def __init__(self, total: int, start: int, desc: str):
-        self.total, self.desc, self.next_line = total, desc, start
+        self.total, self.desc, self.next_line, self.next_time = total, desc, start, 0.0
         self.bar = None
         if sys.stderr.isatty():
             from tqdm import tqdm
@@ -237,9 +408,12 @@ class _progress:
             self.bar.n = step
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
             self.bar.refresh()
-        elif step >= self.next_line or step == self.total:
+            return
+        now = time.monotonic()
+        if step >= self.next_line or step == self.total or now >= self.next_time:
             print(f"{self.desc}: step {step}/{self.total} loss {loss:.4f}", file=sys.stderr, flush=True)
             self.next_line = step + max(1, self.total // 10)
+            self.next_time = now + PROGRESS_SECONDS
 
     def close(self) -> None:
         if self.bar is not None:

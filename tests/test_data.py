@@ -346,3 +346,34 @@ def test_missing_or_corrupt_manifest_is_named(synth_dir, tmp_path):
     (d / MANIFEST).write_text('{"dataset": "synth"}')
     with pytest.raises(DataError, match=r"_info\.json.*'classes'"):
         ShardSet(d)
+
+
+# ----------------------------------------------------------------------------- faults named
+
+
+def test_an_empty_imagefolder_class_names_the_folder(tmp_path):
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            _png(tmp_path / split / cls / "0.png", (4, 4), 1)
+    (tmp_path / "train" / "b" / "0.png").unlink()
+    with pytest.raises(DataError, match=r"train/b.*no images"):
+        load_raw("f", {"source": "imagefolder", "path": str(tmp_path)})
+
+
+def test_a_label_outside_the_classes_names_the_shard_and_label(synth_dir, tmp_path):
+    d = _copy(synth_dir, tmp_path / "d")
+    info = json.loads((d / MANIFEST).read_text())
+    info.update(classes=["0", "1"], num_classes=2)  # the shards hold labels 0..3
+    (d / MANIFEST).write_text(json.dumps(info))
+    with pytest.raises(DataError, match=r"test-0000\.tar.*label [23]\b.*0\.\.1"):
+        _all(ShardSet(d).batches("test", 32))
+
+
+def test_stale_temporary_files_of_a_killed_writer_are_removed(tmp_path):
+    stale = [tmp_path / ".train-0000.tar.x8y9z0.tmp", tmp_path / f".{MANIFEST}.abcdef.tmp"]
+    for path in stale:
+        path.write_bytes(b"half")
+    (tmp_path / "keep.tmp").write_text("mine")
+    write_shards("synth", dict(SYNTH, train_samples=20, test_samples=10), tmp_path, samples_per_shard=100)
+    assert not [p for p in stale if p.exists()]
+    assert (tmp_path / "keep.tmp").read_text() == "mine"

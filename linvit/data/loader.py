@@ -20,8 +20,9 @@ import webdataset as wds
 from PIL import Image
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
-from linvit.data.shards import MANIFEST, file_sha256
+from linvit.data.shards import MANIFEST
 from linvit.data.sources import DataError, MissingDataError
+from linvit.io import file_sha256
 
 _REQUIRED_KEYS = ("classes", "num_classes", "image_size", "channels", "mean", "std", "splits")
 
@@ -105,6 +106,9 @@ class ShardSet:
             label = int(sample["cls"])
         except Exception as e:  # PIL raises OSError, SyntaxError or zlib.error on broken PNGs
             raise DataError(f"{url}: sample {key} does not decode ({type(e).__name__}: {e})") from e
+        if not 0 <= label < self.num_classes:  # else an IndexError deep in the loss, naming nothing
+            raise DataError(f"{url}: sample {key} has label {label}, outside 0..{self.num_classes - 1} "
+                            f"({self.num_classes} classes in {self.dir / MANIFEST})")
         if image.shape[:2] != self.image_size:
             raise DataError(f"{url}: sample {key} is {image.shape[:2]}, manifest says {self.image_size}")
         return image, label

@@ -8,14 +8,10 @@ encoding, seeded pre-shuffle), so the manifest's sha256 sums are reproducible.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import io
 import json
 import math
-import os
 import sys
-import tempfile
 import zlib
 from pathlib import Path
 
@@ -25,6 +21,9 @@ from PIL import Image
 
 from linvit import __version__
 from linvit.data.sources import DataError, load_raw
+from linvit.io import atomic_path, file_sha256, remove_stale_temps, write_text
+
+__all__ = ["MANIFEST", "file_sha256", "write_shards"]
 
 MANIFEST = "_info.json"
 
@@ -37,6 +36,7 @@ def write_shards(name: str, spec: dict, out_dir: str | Path, *, seed: int = 0,
     raw = load_raw(name, spec)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out_dir)  # what a killed writer left; the shards are rewritten below
     # An old manifest would vouch for shards we are about to replace; drop it first so that an
     # interrupted rewrite leaves a directory that is visibly incomplete rather than inconsistent.
     (out_dir / MANIFEST).unlink(missing_ok=True)
@@ -64,8 +64,7 @@ def write_shards(name: str, spec: dict, out_dir: str | Path, *, seed: int = 0,
         "splits": splits,
         "linvit_version": __version__,
     }
-    with _atomic_file(out_dir / MANIFEST) as f:
-        f.write((json.dumps(info, indent=2) + "\n").encode())
+    write_text(out_dir / MANIFEST, json.dumps(info, indent=2) + "\n")
     return info
 
 
@@ -83,7 +82,7 @@ def _write_split(name: str, split: str, images: np.ndarray, labels: np.ndarray, 
         chunk = order[i * samples_per_shard:(i + 1) * samples_per_shard]
         shard_name = f"{split}-{i:04d}.tar"
         path = out_dir / shard_name
-        with _atomic_file(path) as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             # mtime fixed (TarWriter's default is "now") so reruns give the same bytes and sha256.
             with wds.TarWriter(f, mtime=0) as writer:
                 for index in chunk:
@@ -119,28 +118,3 @@ def _channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
         means.append(mean)
         stds.append(math.sqrt(var))
     return means, stds
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file, read in chunks (shards can be large)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-@contextlib.contextmanager
-def _atomic_file(path: Path):
-    """Yield a file at a temporary name beside ``path``; rename it to ``path`` only if the block succeeds."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; shards are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

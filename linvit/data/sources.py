@@ -8,10 +8,8 @@ A source is a function ``(spec) -> RawData`` where ``spec`` is the dataset's con
 from __future__ import annotations
 
 import gzip
-import os
 import shutil
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -20,6 +18,8 @@ from typing import Callable
 
 import numpy as np
 from PIL import Image
+
+from linvit.io import atomic_path, remove_stale_temps
 
 
 class DataError(ValueError):
@@ -174,19 +174,13 @@ DOWNLOAD_TIMEOUT_S = 10.0
 
 def fetch_url(url: str, dest: Path, timeout: float = DOWNLOAD_TIMEOUT_S) -> None:
     """Download ``url`` to ``dest`` atomically (a half-downloaded file never has the final name)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
-            shutil.copyfileobj(response, out)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(dest) as tmp, open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+        shutil.copyfileobj(response, out)
 
 
 def _download_fashion_mnist(cache: Path) -> str | None:
     """Fill ``cache`` with the four .gz files; return None on success, else why it failed."""
+    remove_stale_temps(cache)  # partial downloads of a killed run
     for base in IDX_FILES.values():
         dest = cache / f"{base}.gz"
         if dest.is_file():
@@ -279,7 +273,11 @@ def imagefolder_source(spec: dict) -> RawData:
             raise DataError(f"{split_dir}: class folders {split_classes} differ from train's {classes}")
         images, labels = [], []
         for label, cls in enumerate(classes):
-            for file in sorted(p for p in (split_dir / cls).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES):
+            files = sorted(p for p in (split_dir / cls).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            if not files:  # a class the model would have to predict but could never learn or be tested on
+                raise DataError(f"{split_dir / cls}: class folder has no images "
+                                f"(looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
+            for file in files:
                 try:
                     with Image.open(file) as im:
                         im = im.convert(mode)

@@ -131,7 +131,6 @@ def _finish(out_dir: Path, metrics: dict, config: dict, fingerprint: dict, tenso
 def run_shards(config: dict, dataset: str, out_dir: str | Path) -> dict:
     from .data.shards import write_shards
 
-    _start(out_dir)
     spec = get(config, f"datasets.{dataset}")
     shards = config.get("shards", {})
     return write_shards(dataset, spec, out_dir, seed=shards.get("seed", 0),

@@ -19,7 +19,7 @@ def test_benchmark_rows_and_summary(scope):
 
 
 def test_benchmark_rejects_a_non_square_token_count():
-    with pytest.raises(ValueError, match="square patch grids; 100 is not|square patch grids; 10 is not"):
+    with pytest.raises(ValueError, match=r"square patch grids; 10 is not$"):
         run_benchmark(["elu"], tokens=(10,))
 
 

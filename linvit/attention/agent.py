@@ -85,24 +85,24 @@ class AgentAttention(LinearAttention):
         pooled = F.adaptive_avg_pool2d(self._grid(q), self.pool_size)  # (B, C, pool, pool)
         return pooled.reshape(b, h, d, self.agent_num).transpose(-2, -1)
 
-    def _biases(self, n):
+    def _biases(self, n, dtype):
         """B1 (1, H, n_a, N) for the agent softmax and B2 (1, H, N, n_a) for the query softmax."""
         h, a, p = self.num_heads, self.agent_num, self.num_prefix_tokens
         gh, gw = self.grid_size
-        an = F.interpolate(self.an_bias.float(), size=(gh, gw), mode="bilinear")
-        b1 = an.reshape(1, h, a, gh * gw) + (self.ah_bias + self.aw_bias).float().reshape(1, h, a, gh * gw)
-        b1 = torch.cat([self.ac_bias.float().expand(1, h, a, p), b1], dim=-1)
-        na = F.interpolate(self.na_bias.float(), size=(gh, gw), mode="bilinear")
+        an = F.interpolate(self.an_bias.to(dtype), size=(gh, gw), mode="bilinear")
+        b1 = an.reshape(1, h, a, gh * gw) + (self.ah_bias + self.aw_bias).to(dtype).reshape(1, h, a, gh * gw)
+        b1 = torch.cat([self.ac_bias.to(dtype).expand(1, h, a, p), b1], dim=-1)
+        na = F.interpolate(self.na_bias.to(dtype), size=(gh, gw), mode="bilinear")
         b2 = na.reshape(1, h, a, gh * gw).transpose(-2, -1)
-        b2 = b2 + (self.ha_bias + self.wa_bias).float().reshape(1, h, gh * gw, a)
-        b2 = torch.cat([self.ca_bias.float().expand(1, h, p, a), b2], dim=-2)
+        b2 = b2 + (self.ha_bias + self.wa_bias).to(dtype).reshape(1, h, gh * gw, a)
+        b2 = torch.cat([self.ca_bias.to(dtype).expand(1, h, p, a), b2], dim=-2)
         return b1, b2
 
     def _softmaxes(self, q, k):
         self.patch_slice(q.shape[-2])  # checks the token count against the grid
         scale = self.head_dim ** -0.5
         agents = self._agents(q)
-        b1, b2 = self._biases(q.shape[-2])
+        b1, b2 = self._biases(q.shape[-2], q.dtype)
         agent_attn = torch.softmax((agents * scale) @ k.transpose(-2, -1) + b1, dim=-1)  # (B,H,n_a,N)
         query_attn = torch.softmax((q * scale) @ agents.transpose(-2, -1) + b2, dim=-1)  # (B,H,N,n_a)
         return query_attn, agent_attn
@@ -110,14 +110,13 @@ class AgentAttention(LinearAttention):
     # -- the core --------------------------------------------------------------------------------
     def attend(self, q, k, v):
         query_attn, agent_attn = self._softmaxes(q, k)
-        out = query_attn @ (agent_attn @ v)
-        out[:, :, self.patch_slice(q.shape[-2])] += self._conv(v)  # prefix tokens get no conv term
-        return out
+        # (added out of place, padded: an in-place write into a slice costs torch.compile a copy)
+        return query_attn @ (agent_attn @ v) + self.mix(v)
 
     def implicit(self, q, k, v):
         query_attn, agent_attn = self._softmaxes(q, k)
         mix, bias = self.mix_matrices(q.shape[-2])
-        return ImplicitAttention(attn=query_attn @ agent_attn, v=v, mix=mix, bias=bias)
+        return ImplicitAttention(attn=query_attn @ agent_attn, v=v, mix=mix.to(v.dtype), bias=bias.to(v.dtype))
 
     # -- depthwise convolution on V over the patch grid (one filter per channel of C) ------------
     def _grid(self, t):
@@ -141,10 +140,11 @@ class AgentAttention(LinearAttention):
         h, d, p = self.num_heads, self.head_dim, gh * gw
         start = self.patch_slice(n).start
         w = self.dwc.weight
-        basis = torch.eye(p, device=w.device).reshape(p, 1, gh, gw).expand(p, h * d, gh, gw)
-        cols = F.conv2d(basis, w.float(), None, padding=self.dwc.padding, groups=h * d)
-        mix = torch.zeros(h, d, n, n, device=w.device)
+        dtype = torch.promote_types(w.dtype, torch.float32)
+        basis = torch.eye(p, device=w.device, dtype=dtype).reshape(p, 1, gh, gw).expand(p, h * d, gh, gw)
+        cols = F.conv2d(basis, w.to(dtype), None, padding=self.dwc.padding, groups=h * d)
+        mix = torch.zeros(h, d, n, n, device=w.device, dtype=dtype)
         mix[:, :, start:, start:] = cols.reshape(p, h, d, p).permute(1, 2, 3, 0)  # (H, D, out, in)
-        bias = torch.zeros(h, d, n, device=w.device)
-        bias[:, :, start:] = self.dwc.bias.float().reshape(h, d, 1)
+        bias = torch.zeros(h, d, n, device=w.device, dtype=dtype)
+        bias[:, :, start:] = self.dwc.bias.to(dtype).reshape(h, d, 1)
         return mix, bias

@@ -5,8 +5,13 @@ counterpart line up by name, and computes the non-causal kernelized form
 
     out_i = sum_j phi(q_i) . phi(k_j) v_j / sum_j phi(q_i) . phi(k_j)
 
-in O(N) by contracting phi(K)^T V first. The contractions run in fp32 whatever the autocast
-dtype, because the normalizer is a sum over all tokens and overflows fp16 on large activations.
+in O(N) by contracting phi(K)^T V first. The contractions run in at least fp32 whatever the
+autocast dtype, because the normalizer is a sum over all tokens and overflows fp16 on large
+activations; a float64 module computes in float64.
+
+The core (`attention_core`) is a leaf for torch.fx (`torch.fx.wrap`): a traced model (plain
+`torch.fx.symbolic_trace`, timm's fx feature extraction) calls it as one node and runs it eagerly,
+so the traced graph keeps the fp32 core under autocast, the mask check and hand-written backwards.
 """
 
 from __future__ import annotations
@@ -113,6 +118,29 @@ def merge_heads(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(1, 2).reshape(b, n, h * d)
 
 
+def compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype an operator's core computes in: t's, promoted to at least fp32."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+@torch.fx.wrap
+def attention_core(attn: "LinearAttention", q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+    """`attn.attend` on q, k, v (B, H, N, D) in at least fp32, heads merged: (B, N, H*D) in v's dtype.
+
+    Wrapped for torch.fx: tracing records one call of this function (the module as a get_attr
+    argument) instead of reading tensors or masks as Proxies, and the traced graph runs it eagerly.
+    """
+    # Checked here, on the real arguments, so that a traced graph keeps the check.
+    if attn_mask is not None or is_causal:
+        raise ValueError(f"attention variant {attn.variant!r} is non-causal and takes no mask")
+    dtype = compute_dtype(v)
+    # Autocast off: its normalizer sums over all tokens (fp16 overflows); fp32 at least, float64 kept.
+    with torch.autocast(device_type=v.device.type, enabled=False):
+        out = merge_heads(attn.attend(q.to(dtype), k.to(dtype), v.to(dtype)))
+    return out.to(v.dtype)
+
+
 def kernel_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
     """sum_j fq_i . fk_j v_j / (sum_j fq_i . fk_j + eps) in O(N), with means over tokens so that
     neither contraction grows with N (no overflow at long sequences)."""
@@ -129,7 +157,8 @@ def kernel_matrix(fq: torch.Tensor, fk: torch.Tensor, eps: float) -> torch.Tenso
 
 
 class LinearAttention(nn.Module):
-    """Base of every operator: qkv and proj named as in timm, an fp32 core, the implicit matrices.
+    """Base of every operator: qkv and proj named as in timm, a core in at least fp32, the implicit
+    matrices.
 
     A kernelized operator defines `features` (and optionally `mix`/`mix_matrices` for an extra
     token mixing such as a depthwise convolution). Operators of another form override `attend`
@@ -145,8 +174,9 @@ class LinearAttention(nn.Module):
     # (rotary terms in the numerator, or no normalizer at all).
     row_normalized = True
 
+    # No attn_drop: a linear operator forms no attention matrix to drop entries of.
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, proj_bias: bool = True,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0,
+                 proj_drop: float = 0.0,
                  grid_size: tuple[int, int] | None = None, num_prefix_tokens: int = 1):
         super().__init__()
         if dim % num_heads:
@@ -179,7 +209,7 @@ class LinearAttention(nn.Module):
 
     # -- the core: override both together for a non-kernelized operator ------------------------
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """(B, H, N, D) output from fp32 q, k, v, in time linear in N."""
+        """(B, H, N, D) output from q, k, v in the compute dtype (fp32 or float64), in time linear in N."""
         fq, fk = self.features(q, k)
         out = kernel_attention(fq, fk, v, self.eps)
         extra = self.mix(v)
@@ -189,7 +219,9 @@ class LinearAttention(nn.Module):
         """What `attend` applies, as matrices."""
         fq, fk = self.features(q, k)
         mix, bias = self.mix_matrices(q.shape[-2])
-        return ImplicitAttention(attn=kernel_matrix(fq, fk, self.eps), v=v, mix=mix, bias=bias)
+        return ImplicitAttention(attn=kernel_matrix(fq, fk, self.eps), v=v,
+                                 mix=None if mix is None else mix.to(v.dtype),
+                                 bias=None if bias is None else bias.to(v.dtype))
 
     # -- shared ------------------------------------------------------------------------------
     def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -209,13 +241,8 @@ class LinearAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None,
                 is_causal: bool = False) -> torch.Tensor:
-        if attn_mask is not None or is_causal:
-            raise ValueError(f"attention variant {self.variant!r} is non-causal and takes no mask")
         q, k, v = self.split_heads(x)
-        # The core runs in fp32 whatever the autocast dtype: its normalizer sums over all tokens.
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            out = merge_heads(self.attend(q.float(), k.float(), v.float()))
-        out = out.to(v.dtype)
+        out = attention_core(self, q, k, v, attn_mask, is_causal)
         g = self.gate(x)
         if g is not None:
             out = out * g.to(out.dtype)
@@ -228,9 +255,10 @@ class LinearAttention(nn.Module):
 
     def _implicit(self, x: torch.Tensor) -> ImplicitAttention:
         q, k, v = self.split_heads(x)
-        imp = self.implicit(q.float(), k.float(), v.float())
+        dtype = compute_dtype(v)
+        imp = self.implicit(q.to(dtype), k.to(dtype), v.to(dtype))
         g = self.gate(x)
-        imp.gate = g.float() if g is not None else None
+        imp.gate = g.to(dtype) if g is not None else None
         return imp
 
     def attention_maps(self, x: torch.Tensor, grad: bool = False) -> torch.Tensor:
@@ -246,7 +274,8 @@ def softmax_attention_maps(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     qkv = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
     q, k, _ = qkv.unbind(0)
     q, k = attn.q_norm(q), attn.k_norm(k)
-    return F.softmax((q.float() * attn.scale) @ k.float().transpose(-2, -1), dim=-1)
+    dtype = compute_dtype(q)
+    return F.softmax((q.to(dtype) * attn.scale) @ k.to(dtype).transpose(-2, -1), dim=-1)
 
 
 def attention_maps(attn: nn.Module, x: torch.Tensor, grad: bool = False) -> torch.Tensor:

@@ -62,11 +62,12 @@ class CosFormerAttention(LinearAttention):
         """(row, col) of each of the n tokens on the patch grid; prefix tokens at the centre."""
         patches = self.patch_slice(n)
         gh, gw = self.grid_size
-        rows = torch.full((n,), (gh - 1) / 2, dtype=torch.float32, device=device)
-        cols = torch.full((n,), (gw - 1) / 2, dtype=torch.float32, device=device)
+        # float64: exact grid coordinates, cast to the compute dtype once the weights are formed
+        rows = torch.full((n,), (gh - 1) / 2, dtype=torch.float64, device=device)
+        cols = torch.full((n,), (gw - 1) / 2, dtype=torch.float64, device=device)
         idx = torch.arange(gh * gw, device=device)
-        rows[patches] = torch.div(idx, gw, rounding_mode="floor").float()
-        cols[patches] = (idx % gw).float()
+        rows[patches] = torch.div(idx, gw, rounding_mode="floor").double()
+        cols[patches] = (idx % gw).double()
         return rows, cols
 
     def reweighting(self, n: int, device=None) -> torch.Tensor:

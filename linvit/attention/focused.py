@@ -40,7 +40,7 @@ class FocusedAttention(LinearAttention):
         return t.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
 
     def _focus(self, x):
-        scale = F.softplus(self.scale).reshape(1, 1, -1)
+        scale = F.softplus(self.scale.to(x.dtype)).reshape(1, 1, -1)
         x = (F.relu(x) + 1e-6) / scale
         norm = x.norm(dim=-1, keepdim=True)
         xp = x ** self.focusing_factor
@@ -69,11 +69,13 @@ class FocusedAttention(LinearAttention):
         gh, gw = self.grid_size
         p, d = gh * gw, self.head_dim
         # Convolve each one-hot patch image to read the band matrix off the layer itself.
-        basis = torch.eye(p, device=self.dwc.weight.device).reshape(p, 1, gh, gw).expand(p, d, gh, gw)
-        cols = F.conv2d(basis, self.dwc.weight.float(), None, padding=self.dwc.padding, groups=d)
+        w = self.dwc.weight
+        dtype = torch.promote_types(w.dtype, torch.float32)
+        basis = torch.eye(p, device=w.device, dtype=dtype).reshape(p, 1, gh, gw).expand(p, d, gh, gw)
+        cols = F.conv2d(basis, w.to(dtype), None, padding=self.dwc.padding, groups=d)
         band = cols.reshape(p, d, p).permute(1, 2, 0)  # (D, out patch, in patch)
-        mix = torch.zeros(d, n, n, device=band.device)
+        mix = torch.zeros(d, n, n, device=band.device, dtype=dtype)
         mix[:, self.num_prefix_tokens:, self.num_prefix_tokens:] = band
-        bias = torch.zeros(d, n, device=band.device)
-        bias[:, self.num_prefix_tokens:] = self.dwc.bias.float().unsqueeze(1)
+        bias = torch.zeros(d, n, device=band.device, dtype=dtype)
+        bias[:, self.num_prefix_tokens:] = self.dwc.bias.to(dtype).unsqueeze(1)
         return mix, bias

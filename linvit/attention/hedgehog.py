@@ -70,7 +70,7 @@ class HedgehogAttention(LinearAttention):
 
     @staticmethod
     def _logits(x, weight, bias):  # (B, H, N, D) -> (B, H, N, 2D): [z, -z]
-        z = torch.einsum("bhnd,hde->bhne", x, weight.float()) + bias.float().unsqueeze(1)
+        z = torch.einsum("bhnd,hde->bhne", x, weight.to(x.dtype)) + bias.to(x.dtype).unsqueeze(1)
         return torch.cat([z, -z], dim=-1)
 
     def _halves_log_softmax(self, z):

@@ -31,8 +31,8 @@ Deliberate differences from the paper / official code:
   (that is where it does best); which blocks are swapped is the harness's choice (it swaps
   every block).
 
-Numerics: the core runs in fp32 (the base disables autocast) and |q^|, |k^| <= 1, so nothing
-overflows there; as in the paper the output is a sum (not a mean) over tokens, so its scale
+Numerics: the core runs in at least fp32 (the base disables autocast) and |q^|, |k^| <= 1, so
+nothing overflows there; as in the paper the output is a sum (not a mean) over tokens, so its scale
 grows with N and with |v| -- the base's cast of the result back to an fp16 autocast dtype is the
 only place this could matter (sums beyond 65504), not reached at ViT sequence lengths and
 ordinary activations.
@@ -51,12 +51,6 @@ def _inv_norm(x, eps):
     clamped (where it carries a gradient)."""
     norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
     return 1.0 / norm.clamp_min(eps), norm >= eps
-
-
-def _channels_first_like(x):
-    """An empty (B, N, C) tensor laid out as (B, C, N)."""
-    b, n, c = x.shape
-    return x.new_empty(b, c, n).transpose(-1, -2)
 
 
 def _channels_first(x):
@@ -100,9 +94,12 @@ class _HydraCore(torch.autograd.Function):
         t = kv_tok @ dkv.transpose(-1, -2)  # (B, N, 1): sum_c k^ v dkv
         torch.mul(v, dkv, out=buf).addcmul_(kh, t * mk, value=-1.0).mul_(rk)
         dk = _channels_first(buf)
-        dv = _channels_first_like(kh)
-        torch.mul(kh, dkv, out=dv)
-        return dq, dk, dv, None
+        # kh dkv written in (B, C, N) order: `out=` a contiguous tensor (torch.compile accepts no
+        # strided `out=`), returned as the (B, N, C) view
+        b, n, c = kh.shape
+        dv = kh.new_empty(b, c, n)
+        torch.mul(kh.transpose(-1, -2), dkv.transpose(-1, -2), out=dv)
+        return dq, dk, dv.transpose(-1, -2), None
 
 
 @register_attention("hydra")

@@ -105,14 +105,16 @@ class PatchLePE(nn.Module):
         """(H, D, N, N) band and (H, D, N) bias, read off the conv with one-hot patch images."""
         gh, gw = grid
         p, c = gh * gw, self.conv.in_channels
-        w = self.conv.weight.float()
-        basis = torch.eye(p, device=w.device).reshape(p, 1, gh, gw).expand(p, c, gh, gw)
+        w = self.conv.weight
+        dtype = torch.promote_types(w.dtype, torch.float32)
+        w = w.to(dtype)
+        basis = torch.eye(p, device=w.device, dtype=dtype).reshape(p, 1, gh, gw).expand(p, c, gh, gw)
         cols = F.conv2d(basis, w, None, padding=self.conv.padding, groups=c)  # (in, C, out)
         band = cols.reshape(p, c, p).permute(1, 2, 0).reshape(self.num_heads, head_dim, p, p)
-        mix = torch.zeros(self.num_heads, head_dim, n, n, device=w.device)
+        mix = torch.zeros(self.num_heads, head_dim, n, n, device=w.device, dtype=dtype)
         mix[:, :, patches, patches] = band
-        bias = torch.zeros(self.num_heads, head_dim, n, device=w.device)
-        bias[:, :, patches] = self.conv.bias.float().reshape(self.num_heads, head_dim, 1)
+        bias = torch.zeros(self.num_heads, head_dim, n, device=w.device, dtype=dtype)
+        bias[:, :, patches] = self.conv.bias.to(dtype).reshape(self.num_heads, head_dim, 1)
         return mix, bias
 
 

@@ -37,15 +37,16 @@ Deliberate differences from the paper / official code:
   of a model uses the same W (the official code draws one per layer); pass different
   `feature_seed`s to vary it. The random matrices are drawn (and QR-factorized) in float64 and
   stored in float32.
-- Implementation only (same values up to fp32 rounding): the contractions use means over tokens
+- Implementation only (same values up to rounding): the contractions use means over tokens
   instead of sums (identical after normalization; keeps the fp32 sums from growing with N), and
   the constant m^-1/2 eps_k of every feature is added analytically to the small contracted
   matrices instead of to the (B, H, N, m) feature tensors (`features`, used by `implicit`, adds
   it explicitly).
 
-Numerics: everything runs in fp32 (the base disables autocast). Every exponent is <= 0, so
-nothing overflows; on very large activations exp(-|x'|^2/2) underflows and the features fall to
-their eps_k floor, so attention tends to uniform rows -- the official stabilizer's behaviour.
+Numerics: everything runs in at least fp32 (float64 in a float64 module; the base disables
+autocast). Every exponent is <= 0, so nothing overflows; on very large activations
+exp(-|x'|^2/2) underflows and the features fall to their eps_k floor, so attention tends to
+uniform rows -- the official stabilizer's behaviour.
 """
 
 from __future__ import annotations

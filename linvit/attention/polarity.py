@@ -63,15 +63,14 @@ class _PolarityPowers(torch.autograd.Function):
     """[relu(x')^p, relu(-x')^p] for x' = min(|x| * inv_scale, 1e6), optionally divided by its
     maximum over the last two dims (a constant: no gradient flows through it), in few passes:
     one log of |x'| serves both polarities, x'^p = exp(p log x'), and the backward pass is
-    written out (d/dx = p x'^p / x, d/dp = x'^p log x', d/d inv_scale = p x'^p / inv_scale)."""
+    written out (d/dx = p x'^p / x, d/dp = x'^p log x', d/d inv_scale = p x'^p / inv_scale).
+    No Python branch reads a tensor's value, so torch.compile traces it whole."""
 
     @staticmethod
     def forward(ctx, x, inv_scale, p, normalize):
-        a = torch.abs(x).mul_(inv_scale)
-        keep = None
-        if bool(a.max() > _X_MAX):
-            keep = a <= _X_MAX
-            a.clamp_max_(_X_MAX)
+        # The cap is applied unconditionally (one pass) and its mask recomputed in the backward,
+        # rather than branching on a.max() (a data-dependent branch breaks torch.compile graphs).
+        a = torch.abs(x).mul_(inv_scale).clamp_max_(_X_MAX)
         log_a = a.log_()
         e = log_a * p
         if ctx.needs_input_grad[2]:
@@ -82,25 +81,22 @@ class _PolarityPowers(torch.autograd.Function):
             log_factor = e.amax(dim=(-2, -1), keepdim=True).clamp_min_(_LOG_MIN_FACTOR)
             e.sub_(log_factor)
         signed = e.exp_().copysign_(x)  # sign(x) |x'|^p
-        d = x.shape[-1]
-        out = x.new_empty(*x.shape[:-1], 2 * d)
-        pos, neg = out[..., :d], out[..., d:]
-        torch.clamp(signed, min=0, out=pos)  # relu(x')^p
-        torch.sub(pos, signed, out=neg)  # relu(-x')^p (exactly: relu(s) - s = relu(-s))
-        ctx.save_for_backward(x, inv_scale, p, out, log_a, keep)
+        pos = signed.clamp(min=0)  # relu(x')^p
+        neg = pos.sub(signed)  # relu(-x')^p (exactly: relu(s) - s = relu(-s))
+        out = torch.cat([pos, neg], dim=-1)
+        ctx.save_for_backward(x, inv_scale, p, out, log_a)
         if log_factor is not None:
             ctx.mark_non_differentiable(log_factor)
         return out, log_factor
 
     @staticmethod
     def backward(ctx, grad, _):
-        x, inv_scale, p, out, log_a, keep = ctx.saved_tensors
+        x, inv_scale, p, out, log_a = ctx.saved_tensors
         d = x.shape[-1]
         # grad . d out / d(|x'|^p) times |x'|^p: one of the two halves of out is zero everywhere
         g = grad[..., :d] * out[..., :d]
         g.addcmul_(grad[..., d:], out[..., d:])
-        if keep is not None:
-            g.mul_(keep)  # no gradient through the cap
+        g.mul_(torch.abs(x).mul_(inv_scale) <= _X_MAX)  # no gradient through the cap
         grad_x = grad_s = grad_p = None
         dims = (0, 2)
         if ctx.needs_input_grad[2]:
@@ -155,11 +151,11 @@ class PolarityAttention(LinearAttention):
         log of that divisor (B, H, 1, 1): it cancels between numerator and normalizer, and
         rescales eps (see `_eps`)."""
         b, h, n, d = q.shape
-        inv_scale = 1.0 / F.softplus(self.scale.float()).reshape(1, h, 1, d)
-        p = 1.0 + self.alpha * torch.sigmoid(self.power.float())
+        inv_scale = 1.0 / F.softplus(self.scale.to(q.dtype)).reshape(1, h, 1, d)
+        p = 1.0 + self.alpha * torch.sigmoid(self.power.to(q.dtype))
         if self.positional_encoding is not None:
             start = self.patch_slice(n).start
-            pe = self.positional_encoding.float().reshape(1, -1, h, d).transpose(1, 2)
+            pe = self.positional_encoding.to(q.dtype).reshape(1, -1, h, d).transpose(1, 2)
             if start:
                 pe = F.pad(pe, (0, 0, start, 0))
             k = k + pe  # patch keys only
@@ -211,7 +207,7 @@ class PolarityAttention(LinearAttention):
             scores = f @ fk.transpose(-2, -1) / fk.shape[-2]
             mats.append(scores / (scores.sum(dim=-1, keepdim=True) + eps))
         mix, bias = self.mix_matrices(q.shape[-2])
-        return ImplicitAttention(attn=torch.stack(mats, dim=2), v=v, mix=mix, bias=bias)
+        return ImplicitAttention(attn=torch.stack(mats, dim=2), v=v, mix=mix.to(v.dtype), bias=bias.to(v.dtype))
 
     # -- depthwise convolution on V over the patch grid ------------------------------------------
     def _conv(self, v):
@@ -232,12 +228,13 @@ class PolarityAttention(LinearAttention):
         p, d = gh * gw, self.head_dim
         start = self.patch_slice(n).start
         w = self.dwc.weight
-        basis = torch.eye(p, device=w.device).reshape(p, 1, gh, gw).expand(p, d, gh, gw)
-        cols = F.conv2d(basis, w.float(), None, padding=self.dwc.padding, groups=d)
-        mix = torch.zeros(d, n, n, device=w.device)
+        dtype = torch.promote_types(w.dtype, torch.float32)
+        basis = torch.eye(p, device=w.device, dtype=dtype).reshape(p, 1, gh, gw).expand(p, d, gh, gw)
+        cols = F.conv2d(basis, w.to(dtype), None, padding=self.dwc.padding, groups=d)
+        mix = torch.zeros(d, n, n, device=w.device, dtype=dtype)
         mix[:, start:, start:] = cols.reshape(p, d, p).permute(1, 2, 0)  # (D, out patch, in patch)
-        bias = torch.zeros(d, n, device=w.device)
-        bias[:, start:] = self.dwc.bias.float().unsqueeze(1)
+        bias = torch.zeros(d, n, device=w.device, dtype=dtype)
+        bias[:, start:] = self.dwc.bias.to(dtype).unsqueeze(1)
         return mix, bias
 
     # -- output gate -----------------------------------------------------------------------------

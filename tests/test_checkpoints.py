@@ -122,6 +122,16 @@ def test_teacher_with_a_changed_lr_starts_afresh(shards, tmp_path, monkeypatch, 
     assert logged == list(range(1, 21))
 
 
+def test_other_code_starts_afresh(shards, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "teacher"
+    stopped_teacher(monkeypatch, config(), shards, out)
+    monkeypatch.setattr(lio, "git_revision", lambda: "a-later-commit")
+    capsys.readouterr()
+    steps.run_teacher(config(), "micro", 0, shards, out)
+    err = capsys.readouterr().err
+    assert "resuming" not in err and "(changed: git_revision)" in err
+
+
 def test_student_whose_steps_shrank_starts_afresh(shards, tmp_path, monkeypatch, capsys):
     cfg = config(steps=2)
     teacher = tmp_path / "teacher"

@@ -2,7 +2,11 @@
 #   snakemake --cores all                         the embedded default grid (workflow/config/default.yaml)
 #   snakemake --cores all --configfile workflow/config/smoke.yaml
 #   snakemake --cores all report_from_results     regenerate report/ from results/ without training
-from snakemake.utils import min_version, validate
+#   snakemake --cores all benchmark               the operator benchmark (then `snakemake` adds it to the report)
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version
+
+from linvit.config import ConfigError, validate as validate_config
 
 min_version("9.0")
 
@@ -14,7 +18,13 @@ if not workflow.overwrite_configfiles:
     configfile: workflow.source_path("workflow/config/default.yaml")
 
 
-validate(config, workflow.source_path("workflow/schemas/config.schema.yaml"))
+# Not snakemake.utils.validate: it warns that it has no draft-07 validator on every run and dumps the
+# whole schema after an error. linvit.config.validate checks the same schema (Draft7Validator) and
+# then the names against the registries, and says what is wrong in one line naming the key.
+try:
+    validate_config(config)
+except ConfigError as err:
+    raise WorkflowError(str(err)) from None
 
 
 include: "workflow/rules/common.smk"
@@ -25,6 +35,15 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 
+# Cheap jobs that run where Snakemake runs, never on a cluster: the aggregation, and the shards
+# (seconds of work, reading datasets that may exist only on this machine: Debian's package, a cache).
+localrules:
+    all,
+    shards,
+    report,
+    report_from_results,
+
+
 rule all:
     input:
-        "report/README.md",
+        rules.report.output,

@@ -13,6 +13,7 @@ from pathlib import Path
 import yaml
 
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+REFERENCE_INIT = "reference"  # the init name of the softmax reference runs (linvit.grid.REFERENCE_INIT)
 REFERENCE_STRATEGY = {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": False}
 
 
@@ -67,9 +68,13 @@ def _known(kind: str, key: str, names, known) -> None:
 def check_names(config: dict) -> None:
     """Every name the grid uses must exist: variants, sizes, datasets and their sources, inits, losses."""
     from .groups import GROUPS
-    from .registry import names
+    from .registry import SOFTMAX, names
     from .sizes import SIZES
 
+    if SOFTMAX in config["variants"]:
+        # Its students would share the softmax reference's rows (variant softmax) in every table.
+        raise ConfigError(f"config key variants: {SOFTMAX!r} is the teacher and the reference, not a linear "
+                          f"variant; list linear variants only")
     _known("variant", "variants", config["variants"], names("variant"))
     _known("size", "sizes", config["sizes"], SIZES)
     datasets = config["datasets"]
@@ -78,6 +83,10 @@ def check_names(config: dict) -> None:
     for name, spec in datasets.items():
         _known("source", f"datasets.{name}.source", [spec["source"]], names("source"))
     strategies = config["init_strategies"]
+    if REFERENCE_INIT in strategies:
+        # init_strategy() would silently replace it by the reference's, and its runs share its name.
+        raise ConfigError(f"config key init_strategies: {REFERENCE_INIT!r} names the softmax reference runs, "
+                          f"not an init strategy; rename it")
     _known("init strategy", "inits", config["inits"], strategies)
     for name, spec in strategies.items():
         _known("parameter group", f"init_strategies.{name}.copy", spec["copy"], GROUPS)
@@ -93,7 +102,7 @@ def validate(config: dict, schema_path: str | Path = SCHEMA) -> dict:
 
 def init_strategy(config: dict, init: str) -> dict:
     """The copy groups and distill flag of an init strategy ('reference' is the softmax reference)."""
-    if init == "reference":
+    if init == REFERENCE_INIT:
         return REFERENCE_STRATEGY
     strategies = get(config, "init_strategies")
     if init not in strategies:

@@ -9,6 +9,8 @@ path functions take plain strings, so the rules pass Snakemake wildcards ("{size
     results/distill/<dataset>/<size>/<variant>/seed<s>/  distilled attention (rule distill)
     results/students/<dataset>/<size>/<variant>/<init>/seed<s>/   students and the softmax reference
     results/logs/<rule>/...log, results/benchmarks/<rule>/...tsv   per job
+    results/benchmark/attention.csv                      the operator benchmark (rule benchmark)
+    results/runs.csv, results/curves.csv, report/...     the report (report_files)
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import REFERENCE_INIT
 from .registry import SOFTMAX
 
 REFERENCE_VARIANT = SOFTMAX  # the softmax reference runs the teacher's own attention
-REFERENCE_INIT = "reference"
 RESULTS = "results"
+REPORT = "report"
 
 
 @dataclass(frozen=True, order=True)
@@ -39,7 +42,7 @@ class Cell:
 
     @property
     def key(self) -> str:
-        return f"{self.dataset}/{self.size}/{self.variant}/{self.init}/seed{self.seed}"
+        return run_key(self.dataset, self.size, self.variant, self.init, self.seed)
 
     @property
     def rule(self) -> str:
@@ -49,8 +52,9 @@ class Cell:
     def run_dir(self, results: str | Path = RESULTS) -> Path:
         return Path(run_dir(self.dataset, self.size, self.variant, self.init, self.seed, results))
 
-    def log_path(self, results: str | Path = RESULTS) -> Path:
-        return Path(log_path("students", self.key, results))
+    def log_path(self, results: str | Path = RESULTS, stage: str = "students") -> Path:
+        """Log of this cell's training ('students') or evaluation ('evaluate') job."""
+        return Path(log_path(stage, self.key, results))
 
     def benchmark_path(self, stage: str = "students", results: str | Path = RESULTS) -> Path:
         """Benchmark TSV of this cell's training ('students') or evaluation ('evaluate') job."""
@@ -67,6 +71,16 @@ MODEL_FILES = ("metrics.json", "model.json", "model.safetensors", "config.json",
 DISTILL_FILES = ("metrics.json", "attention.safetensors", "config.json", "train.jsonl")
 
 
+def run_key(dataset: str, size: str, variant: str, init: str, seed) -> str:
+    """A trained model's path below its rule's folder (students, logs, benchmarks)."""
+    return f"{dataset}/{size}/{variant}/{init}/seed{seed}"
+
+
+def distill_key(dataset: str, size: str, variant: str, seed) -> str:
+    """A distillation's path below its rule's folder (distill, logs, benchmarks)."""
+    return f"{dataset}/{size}/{variant}/seed{seed}"
+
+
 def shards_dir(dataset: str, results: str | Path = RESULTS) -> str:
     return f"{results}/data/{dataset}"
 
@@ -76,11 +90,11 @@ def teacher_dir(size: str, results: str | Path = RESULTS) -> str:
 
 
 def distill_dir(dataset: str, size: str, variant: str, seed, results: str | Path = RESULTS) -> str:
-    return f"{results}/distill/{dataset}/{size}/{variant}/seed{seed}"
+    return f"{results}/distill/{distill_key(dataset, size, variant, seed)}"
 
 
 def run_dir(dataset: str, size: str, variant: str, init: str, seed, results: str | Path = RESULTS) -> str:
-    return f"{results}/students/{dataset}/{size}/{variant}/{init}/seed{seed}"
+    return f"{results}/students/{run_key(dataset, size, variant, init, seed)}"
 
 
 def log_path(rule: str, key: str, results: str | Path = RESULTS) -> str:
@@ -91,6 +105,31 @@ def log_path(rule: str, key: str, results: str | Path = RESULTS) -> str:
 def benchmark_path(rule: str, key: str, results: str | Path = RESULTS) -> str:
     """Snakemake's benchmark TSV of one job (wall-clock s, max_rss MB, cpu_time, ...)."""
     return f"{results}/benchmarks/{rule}/{key}.tsv"
+
+
+def operator_benchmark_path(results: str | Path = RESULTS) -> str:
+    """The operator benchmark's CSV (`linvit benchmark`, rule benchmark), which the report reads if it exists."""
+    return f"{results}/benchmark/attention.csv"
+
+
+# What the report (linvit/report/render.py) writes, and nothing else: the `report` rule declares
+# exactly these as its outputs. Names under report/, then under results/.
+REPORT_FILES = ("README.md", "summary.csv", "summary.md", "claims.json")
+REPORT_FIGURES = ("accuracy_by_init", "training_curves")
+BENCHMARK_FIGURES = ("attention_scaling",)  # only when the operator benchmark's CSV exists
+FIGURE_FORMATS = ("png", "svg")
+RESULTS_TABLES = ("runs.csv", "curves.csv")
+
+
+def report_files(with_benchmark: bool, report: str | Path = REPORT, results: str | Path = RESULTS) -> list[str]:
+    """Every file the report writes: its README, tables, claims and figures, and results/{runs,curves}.csv.
+
+    `with_benchmark`: whether the operator benchmark's CSV exists (then the scaling figure is drawn).
+    """
+    figures = REPORT_FIGURES + (BENCHMARK_FIGURES if with_benchmark else ())
+    return ([f"{report}/{name}" for name in REPORT_FILES]
+            + [f"{report}/figures/{fig}.{fmt}" for fig in figures for fmt in FIGURE_FORMATS]
+            + [f"{results}/{name}" for name in RESULTS_TABLES])
 
 
 def student_cells(config: dict) -> list[Cell]:

@@ -51,6 +51,11 @@ def test_default_grid_covers_every_cell():
     ({"datasets__digits__source": "svhn"}, r"datasets.digits.source: unknown source 'svhn'"),
     ({"student__train__steps": "many"}, r"config key student.train.steps: 'many' is not of type 'integer'"),
     ({"seeds": None}, r"'seeds' is a required property"),
+    ({"variants": ["elu", "softmax"]}, r"config key variants: 'softmax' is the teacher and the reference, not a linear variant"),
+    ({"init_strategies__reference": {"copy": [], "distill": False}},
+     r"config key init_strategies: 'reference' names the softmax reference runs"),
+    ({"student__train__steps": 10**8 + 1}, r"config key student.train.steps: 100000001 is greater than the maximum"),
+    ({"teacher__train__steps": 0}, r"config key teacher.train.steps: 0 is less than the minimum of 1"),
     ({"student__train__lr_typo": 0.1}, r"student.train: Additional properties are not allowed \('lr_typo'"),
 ])
 def test_bad_config_is_one_clear_error(updates, message):

@@ -1,21 +1,65 @@
-"""The Snakemake workflow: planning the default grid, refusing bad configs, and the smoke grid end to end."""
+"""The Snakemake workflow: planning the default grid (also from a fresh clone), declaring what it
+reads and writes, lint, a torch-free parse, refusing bad configs, and the smoke grid end to end."""
 
 import re
 import shutil
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
 import yaml
 
+from linvit import grid
 from linvit.attention import available_variants
 
 from conftest import REPO, run
 
 SNAKEFILE = str(REPO / "Snakefile")
+DEFAULT = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
+SMOKE = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
+
+# The lints `snakemake --lint` may report, each with the comment in the workflow that explains it.
+EXPLAINED_LINTS = {
+    "Specify a conda environment or container for each rule.":
+        ("workflow/rules/common.smk", '# lint: "Specify a conda environment or container for each rule"'),
+}
 
 
-def snakemake(tmp, *args, check=True):
-    return run(["snakemake", "-s", SNAKEFILE, "--directory", str(tmp), *args], cwd=tmp, check=check)
+def snakemake(tmp, *args, check=True, snakefile=SNAKEFILE):
+    return run(["snakemake", "-s", snakefile, "--directory", str(tmp), *args], cwd=tmp, check=check)
+
+
+def expected_jobs(config: dict) -> dict[str, int]:
+    """The jobs of a whole grid, counted from linvit.grid and the config, not from the workflow."""
+    students, references = grid.student_cells(config), grid.reference_cells(config)
+    distilling = {(c.dataset, c.size, c.variant, c.seed) for c in students
+                  if config["init_strategies"][c.init]["distill"]}
+    return {"shards": len(set(config["targets"]) | {config["teacher"]["dataset"]}),
+            "teacher": len(config["sizes"]), "distill": len(distilling), "reference": len(references),
+            "student": len(students), "evaluate": len(students) + len(references), "report": 1, "all": 1}
+
+
+def planned_products(output: str) -> set[str]:
+    """Every output, log and benchmark file of the jobs a dry run (-n) prints."""
+    products = set()
+    for line in output.splitlines():
+        m = re.match(r"^\s*(output|log|benchmark): (.+)$", line)
+        if m:
+            products.update(p.strip() for p in m.group(2).split(","))
+    return products
+
+
+def job_blocks(output: str) -> list[str]:
+    """The jobs a dry run prints, one text block each (each starts with a '[date]' line)."""
+    return [b for b in re.split(r"^\[.*\d{4}\]$", output, flags=re.M) if re.search(r"^(?:local)?rule \w+:", b, re.M)]
+
+
+def config_error(tmp, config: dict):
+    """Run the workflow on `config`; return its exit code and its output."""
+    (tmp / "bad.yaml").write_text(yaml.safe_dump(config))
+    out = snakemake(tmp, "-n", "--cores", "1", "--configfile", str(tmp / "bad.yaml"), check=False)
+    return out.returncode, out.stdout + out.stderr
 
 
 def job_counts(output: str) -> dict[str, int]:
@@ -34,7 +78,138 @@ def test_dry_run_plans_one_student_job_per_cell(tmp_path):
     assert counts["student"] == 48
     assert counts["reference"] == 2 and counts["teacher"] == 1 and counts["shards"] == 2
     assert counts["distill"] == 2 * 3  # shared by the two distilling strategies
-    assert counts["evaluate"] == 50
+    assert counts["evaluate"] == 50 and counts["report"] == 1
+    assert {k: v for k, v in counts.items() if k != "total"} == expected_jobs(DEFAULT)
+    assert "No validator found" not in out.stdout + out.stderr  # snakemake.utils.validate's draft-07 warning
+    assert not (tmp_path / "results").exists()
+
+
+def test_fresh_clone_plans_the_whole_grid_and_ships_no_rule_output(tmp_path):
+    """What a newcomer gets from `git clone` + `bash setup.sh run`: every job of the default grid, and
+    no committed file that a rule would write (which would make Snakemake skip or clobber it)."""
+    clone = tmp_path / "clone"
+    tracked = run(["git", "ls-files", "-z"], cwd=REPO).stdout.split("\0")
+    for rel in filter(None, tracked):
+        if (REPO / rel).is_file():  # deleted in the working tree: not in a commit made now
+            (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, clone / rel)
+    assert (clone / "report/reference/README.md").exists()  # the reference run is still shipped
+    out = snakemake(clone, "-n", "--cores", "2", snakefile=str(clone / "Snakefile"))
+    text = out.stdout + out.stderr
+    assert "Nothing to be done" not in text
+    counts = job_counts(out.stdout)
+    assert {k: v for k, v in counts.items() if k != "total"} == expected_jobs(DEFAULT)
+    products = planned_products(out.stdout)
+    assert set(grid.report_files(False)) <= products
+    shipped = {rel for rel in tracked if rel}
+    assert not shipped & products, f"committed files a rule writes: {sorted(shipped & products)}"
+    folders = [p + "/" for p in products if "." not in p.rsplit("/", 1)[-1]]  # directory() outputs
+    assert not [rel for rel in shipped for f in folders if rel.startswith(f)]
+
+
+def test_every_file_a_job_reads_is_declared(tmp_path):
+    """Each rule's declared inputs and outputs, as planned for the smoke grid."""
+    out = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
+    jobs = []
+    for block in job_blocks(out.stdout):
+        m = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        fields = {k: [p.strip() for p in v.split(",")] for k, v in re.findall(r"^\s*(\w+): (.+)$", block, re.M)}
+        jobs.append((m.group(1), fields))
+    by_rule = {}
+    for rule, fields in jobs:
+        by_rule.setdefault(rule, []).append(fields)
+    teacher = grid.teacher_dir("micro")
+    for fields in by_rule["teacher"]:
+        assert set(fields["output"]) == {f"{teacher}/{f}" for f in grid.MODEL_FILES}
+        assert fields["benchmark"] == [grid.benchmark_path("teacher", "micro")]
+    for fields in by_rule["distill"]:
+        assert {f"{teacher}/model.json", f"{teacher}/model.safetensors"} <= set(fields["input"])
+        assert {p.rsplit("/", 1)[1] for p in fields["output"]} == set(grid.DISTILL_FILES)
+        assert fields["benchmark"][0].startswith(f"{grid.RESULTS}/benchmarks/distill/")
+    for rule in ("student", "reference"):
+        for fields in by_rule[rule]:
+            assert {p.rsplit("/", 1)[1] for p in fields["output"]} == set(grid.MODEL_FILES)
+            assert fields["benchmark"][0].startswith(f"{grid.RESULTS}/benchmarks/students/")
+            assert f"{teacher}/model.safetensors" in fields["input"]
+            if "_distill/" in fields["output"][0]:
+                assert any(p.endswith("/attention.safetensors") for p in fields["input"])
+    for fields in by_rule["evaluate"]:
+        run_dir = fields["output"][0].rsplit("/", 1)[0]
+        assert {f"{run_dir}/model.json", f"{run_dir}/model.safetensors", f"{teacher}/model.json"} <= set(fields["input"])
+        assert fields["benchmark"][0].startswith(f"{grid.RESULTS}/benchmarks/evaluate/")
+    (report,) = by_rule["report"]
+    assert set(report["output"]) == set(grid.report_files(False))
+    cells = grid.all_cells(SMOKE)
+    for cell in cells:
+        for f in ("metrics.json", "train.jsonl", "eval.json"):
+            assert str(cell.run_dir() / f) in report["input"]
+        assert str(cell.benchmark_path("students")) in report["input"]
+        assert str(cell.benchmark_path("evaluate")) in report["input"]
+    assert grid.benchmark_path("teacher", "micro") in report["input"]
+    assert grid.operator_benchmark_path() not in report["input"]
+    # With the operator benchmark's CSV present, the report reads it and draws its figure.
+    bench = tmp_path / grid.operator_benchmark_path()
+    bench.parent.mkdir(parents=True)
+    bench.write_text("variant,tokens,seconds\n")
+    again = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
+    report_block = next(b for b in job_blocks(again.stdout) if re.search(r"^(?:local)?rule report:", b, re.M))
+    assert grid.operator_benchmark_path() in report_block
+    assert all(f in report_block for f in grid.report_files(True))
+
+
+def test_shell_commands_take_paths_from_declared_files_only():
+    """No rule re-spells a results path: every path reaches the shell through input/output/params/log."""
+    for smk in (REPO / "workflow/rules").glob("*.smk"):
+        for m in re.finditer(r"shell:\n((?:\s+\".*\"\n?)+)", smk.read_text()):
+            assert "results/" not in m.group(1) and "report/" not in m.group(1), smk.name
+            assert not re.search(r"\{[A-Z_]+\}", m.group(1)), smk.name  # a global, not input/output/params
+
+
+def test_lint_is_clean_but_for_explained_lints(tmp_path):
+    out = snakemake(tmp_path, "--lint", check=False)
+    text = out.stdout + out.stderr
+    assert "Traceback" not in text
+    titles = re.findall(r"^    \* (.+?):?$", text, re.M)
+    headers = re.findall(r"^Lints for (.+):$", text, re.M)
+    assert len(titles) >= len(headers)  # every header has its lints parsed
+    unexplained = sorted({t for t in titles if t.rstrip(":") not in EXPLAINED_LINTS})
+    assert not unexplained, f"unexplained lints: {unexplained}\n{text[-3000:]}"
+    for title, (path, comment) in EXPLAINED_LINTS.items():
+        assert comment in (REPO / path).read_text(), f"{path} does not explain the lint {title!r}"
+    if not titles:
+        assert "Congratulations" in text
+
+
+def test_planning_the_workflow_imports_neither_torch_nor_timm(tmp_path):
+    """Every `snakemake` call parses the Snakefile and the config checks; that must stay fast."""
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "snakemake", "-s", SNAKEFILE,
+                           "--directory", str(tmp_path), "-n", "--cores", "1"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$", proc.stderr, re.M))
+    assert {"linvit.config", "linvit.grid", "linvit.registry"} <= imported  # the parse ran in this process
+    assert "Job stats" in proc.stdout or "Job stats" in proc.stderr
+    heavy = sorted(m for m in imported if m.split(".")[0] in ("torch", "timm", "torchvision"))
+    assert not heavy, f"planning imported {heavy[:5]}"
+
+
+@pytest.mark.parametrize("change, key", [
+    (lambda c: c.pop("seeds"), "'seeds' is a required property"),
+    (lambda c: c.update(seeds=3), "config key seeds: 3 is not of type 'array'"),
+    (lambda c: c.update(sizes="micro"), "config key sizes: 'micro' is not of type 'array'"),
+    (lambda c: c.update(variants=["softmax"]), "config key variants: 'softmax' is the teacher and the reference"),
+])
+def test_config_error_is_one_line_naming_the_key(tmp_path, change, key):
+    config = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
+    change(config)
+    code, text = config_error(tmp_path, config)
+    assert code != 0
+    lines = [l for l in text.splitlines() if key in l]
+    assert len(lines) == 1, text
+    assert len(text.strip().splitlines()) <= 3, text  # the error, where it was raised; no schema dump
+    for schema_word in ("additionalProperties", "definitions", "$schema", "Failed validating"):
+        assert schema_word not in text
+    assert "No validator found" not in text
     assert not (tmp_path / "results").exists()
 
 
@@ -64,6 +239,16 @@ def test_smoke_grid_end_to_end(tmp_path):
         assert claim in readme
     for fig in ("accuracy_by_init.png", "training_curves.png"):
         assert (tmp_path / "report/figures" / fig).stat().st_size > 1000
+    # The report wrote exactly the files the `report` rule declares (linvit.grid.report_files).
+    written = {p.relative_to(tmp_path).as_posix() for p in (tmp_path / "report").rglob("*") if p.is_file()}
+    written |= {f"results/{p.name}" for p in (tmp_path / "results").glob("*.csv")}
+    assert written == set(grid.report_files(False))
+    # Every training and evaluation job left its benchmark (the report's cost section reads them).
+    for cell in grid.all_cells(config):
+        for stage in ("students", "evaluate"):
+            assert "s\th:m:s" in cell.benchmark_path(stage, tmp_path / "results").read_text()
+    assert (tmp_path / grid.benchmark_path("teacher", "micro")).exists()
+    assert len(list((tmp_path / "results/benchmarks/distill").rglob("*.tsv"))) == len(config["targets"])
     # A second run has nothing to do.
     again = snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -1,14 +1,15 @@
+# Webdataset shards of one dataset. The number of shards depends on the dataset's size, so the
+# folder is the output (directory()): every rule that reads shards takes the folder as input.
 rule shards:
     output:
-        "results/data/{dataset}/_info.json",
+        directory(SHARDS),
     params:
         cfg=lambda wc: job_config(f"datasets.{wc.dataset}", "shards"),
     log:
-        "results/logs/shards/{dataset}.log",
+        grid.log_path("shards", "{dataset}"),
     threads: res("shards", "threads", 1)
     resources:
         mem_mb=res("shards", "mem_mb", 4000),
         runtime=res("shards", "runtime", 30),
     shell:
-        "linvit shards --config-json {params.cfg:q} --dataset {wildcards.dataset}"
-        " --out results/data/{wildcards.dataset} > {log} 2>&1"
+        "linvit shards --config-json {params.cfg:q} --dataset {wildcards.dataset} --out {output:q} > {log:q} 2>&1"

@@ -1,22 +1,28 @@
+# Attention fidelity, parameters and throughput of one trained model (a student or the reference).
 rule evaluate:
     input:
-        run="results/students/{dataset}/{size}/{variant}/{init}/seed{seed}/metrics.json",
-        teacher=lambda wc: teacher(wc.size),
-        shards=lambda wc: shards(wc.dataset),
+        unpack(teacher_model),
+        shards=SHARDS,
+        run_metrics=f"{RUN}/metrics.json",
+        run_json=f"{RUN}/model.json",
+        run_weights=f"{RUN}/model.safetensors",
     output:
-        "results/students/{dataset}/{size}/{variant}/{init}/seed{seed}/eval.json",
+        f"{RUN}/eval.json",
     wildcard_constraints:
-        variant=_alternatives(list(config["variants"]) + ["softmax"]),
-        init=_alternatives(list(config["init_strategies"]) + ["reference"]),
+        variant=_alternatives(list(config["variants"]) + [grid.REFERENCE_VARIANT]),
+        init=_alternatives(list(config["init_strategies"]) + [grid.REFERENCE_INIT]),
     params:
-        cfg=job_config("evaluation") if "evaluation" in config else "{}",
-        run=lambda wc, input: os.path.dirname(input.run),
+        cfg=job_config("evaluation"),
+        run=in_folder("run_metrics"),
+        teacher=in_folder("teacher_json"),
     log:
-        "results/logs/evaluate/{dataset}/{size}/{variant}/{init}/seed{seed}.log",
+        grid.log_path("evaluate", RUN_KEY),
+    benchmark:
+        grid.benchmark_path("evaluate", RUN_KEY)
     threads: res("evaluate", "threads", 1)
     resources:
         mem_mb=res("evaluate", "mem_mb", 4000),
         runtime=res("evaluate", "runtime", 30),
     shell:
-        "linvit evaluate --config-json {params.cfg:q} --run {params.run} --teacher results/teacher/{wildcards.size}"
-        " --shards results/data/{wildcards.dataset} --out {output} --threads {threads} > {log} 2>&1"
+        "linvit evaluate --config-json {params.cfg:q} --run {params.run:q} --teacher {params.teacher:q}"
+        " --shards {input.shards:q} --out {output:q} --threads {threads} > {log:q} 2>&1"

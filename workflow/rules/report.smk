@@ -1,34 +1,42 @@
-# Aggregate results/ into results/runs.csv and report/. `report_from_results` does the same from
-# whatever results/ holds, without (re)training anything: use it after --keep-going left gaps.
-REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "seeds", "teacher", "init_strategies",
-                        *(["claims"] if "claims" in config else []))
+# Aggregate results/ into results/{runs,curves}.csv and report/ (the files of linvit.grid.report_files).
+# `report_from_results` does the same from whatever results/ holds, without (re)training anything:
+# use it after --keep-going left gaps.
+REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "seeds", "teacher", "init_strategies", "claims")
 
 
 rule report:
     input:
-        [cell.run_dir() / "eval.json" for cell in CELLS],
+        report_inputs,
     output:
-        "report/README.md",
-        "results/runs.csv",
+        grid.report_files(WITH_BENCHMARK),
     params:
         cfg=REPORT_CFG,
+        report=lambda wc, output: os.path.dirname(output[0]),  # report/README.md
+        results=lambda wc, output: os.path.dirname(output[-1]),  # results/curves.csv
     log:
-        "results/logs/report.log",
+        grid.log_path("report", "all"),
     threads: 1
     resources:
         mem_mb=res("report", "mem_mb", 2000),
         runtime=res("report", "runtime", 10),
     shell:
-        "linvit report --config-json {params.cfg:q} --results results --out report > {log} 2>&1"
+        "linvit report --config-json {params.cfg:q} --results {params.results:q} --out {params.report:q}"
+        " > {log:q} 2>&1"
 
 
+# No inputs and no outputs on purpose: a rule without outputs runs every time it is named, whatever
+# results/ holds, and its files are the `report` rule's outputs (two rules declaring them would be
+# ambiguous).
 rule report_from_results:
     params:
         cfg=REPORT_CFG,
+        results=grid.RESULTS,
+        report=grid.REPORT,
     log:
-        "results/logs/report_from_results.log",
+        grid.log_path("report", "from_results"),
     shell:
-        "linvit report --config-json {params.cfg:q} --results results --out report 2>&1 | tee {log}"
+        "linvit report --config-json {params.cfg:q} --results {params.results:q} --out {params.report:q}"
+        " 2>&1 | tee {log:q}"
 
 
 onerror:
@@ -36,17 +44,20 @@ onerror:
     if any(cell.run_dir().joinpath("eval.json").exists() for cell in CELLS):
         import subprocess
 
-        with open("results/logs/report_partial.log", "w") as partial_log:
-            subprocess.run(["linvit", "report", "--config-json", REPORT_CFG, "--results", "results",
-                            "--out", "report"], stdout=partial_log, stderr=subprocess.STDOUT)
+        partial = grid.log_path("report", "partial")
+        os.makedirs(os.path.dirname(partial), exist_ok=True)
+        with open(partial, "w") as partial_log:
+            subprocess.run(["linvit", "report", "--config-json", REPORT_CFG, "--results", grid.RESULTS,
+                            "--out", grid.REPORT], stdout=partial_log, stderr=subprocess.STDOUT)
 
 
-# The operator benchmark (not part of `all`: it should run on an otherwise idle machine).
+# The operator benchmark (not part of `all`: it should run on an otherwise idle machine, so it takes
+# every core). `snakemake benchmark`, then `snakemake` adds the report's scaling section.
 rule benchmark:
     output:
-        "results/benchmark/attention.csv",
+        grid.operator_benchmark_path(),
     log:
-        "results/logs/benchmark.log",
+        grid.log_path("benchmark", "attention"),
     threads: workflow.cores
     shell:
-        "linvit benchmark --out {output} --threads {threads} 2> {log}"
+        "linvit benchmark --out {output:q} --threads {threads} 2> {log:q}"

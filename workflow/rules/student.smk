@@ -1,67 +1,72 @@
 # Distillation (one per dataset x size x variant x seed, shared by every distilling strategy),
-# the softmax reference, and the linear students.
+# the softmax reference, and the linear students. Each writes a folder: its declared outputs are
+# the files of grid.DISTILL_FILES / grid.MODEL_FILES (the checkpoint/ it resumes from is internal).
 rule distill:
     input:
-        shards=lambda wc: shards(wc.dataset),
-        teacher=lambda wc: teacher(wc.size),
+        unpack(teacher_model),
+        shards=SHARDS,
     output:
-        "results/distill/{dataset}/{size}/{variant}/seed{seed}/metrics.json",
-        "results/distill/{dataset}/{size}/{variant}/seed{seed}/attention.safetensors",
+        **files(DISTILL, grid.DISTILL_FILES),
     params:
-        cfg=job_config("distill"),
-        out=lambda wc, output: os.path.dirname(output[0]),
+        # evaluation: the probe batch is evaluation.fidelity_samples test images.
+        cfg=job_config("distill", "evaluation"),
+        teacher=in_folder("teacher_json"),
+        out=out_folder,
     log:
-        "results/logs/distill/{dataset}/{size}/{variant}/seed{seed}.log",
+        grid.log_path("distill", DISTILL_KEY),
+    benchmark:
+        grid.benchmark_path("distill", DISTILL_KEY)
     threads: res("distill", "threads", 1)
     resources:
         mem_mb=res("distill", "mem_mb", 4000),
         runtime=res("distill", "runtime", 60),
     shell:
         "linvit distill --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
-        " --variant {wildcards.variant} --seed {wildcards.seed} --teacher results/teacher/{wildcards.size}"
-        " --shards results/data/{wildcards.dataset} --out {params.out} --threads {threads} > {log} 2>&1"
+        " --variant {wildcards.variant} --seed {wildcards.seed} --teacher {params.teacher:q}"
+        " --shards {input.shards:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"
 
 
+# The softmax reference: the teacher trained on the target with the students' budget.
 rule reference:
     input:
-        shards=lambda wc: shards(wc.dataset),
-        teacher=lambda wc: teacher(wc.size),
+        unpack(teacher_model),
+        shards=SHARDS,
     output:
-        "results/students/{dataset}/{size}/softmax/reference/seed{seed}/metrics.json",
+        **files(REFERENCE, grid.MODEL_FILES),
     params:
         cfg=job_config("student"),
-        out=lambda wc, output: os.path.dirname(output[0]),
+        variant=grid.REFERENCE_VARIANT,
+        init=grid.REFERENCE_INIT,
+        teacher=in_folder("teacher_json"),
+        out=out_folder,
     log:
-        "results/logs/students/{dataset}/{size}/softmax/reference/seed{seed}.log",
+        grid.log_path("students", REFERENCE_KEY),
+    benchmark:
+        grid.benchmark_path("students", REFERENCE_KEY)
     threads: res("student", "threads", 1)
     resources:
         mem_mb=res("student", "mem_mb", 4000),
         runtime=res("student", "runtime", 60),
     shell:
         "linvit student --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
-        " --variant softmax --init reference --seed {wildcards.seed} --teacher results/teacher/{wildcards.size}"
-        " --shards results/data/{wildcards.dataset} --out {params.out} --threads {threads} > {log} 2>&1"
-
-
-def student_inputs(wc):
-    inputs = {"shards": shards(wc.dataset), "teacher": teacher(wc.size)}
-    if strategy(wc.init)["distill"]:
-        inputs["distilled"] = distilled(wc.dataset, wc.size, wc.variant, wc.seed)
-    return inputs
+        " --variant {params.variant} --init {params.init} --seed {wildcards.seed} --teacher {params.teacher:q}"
+        " --shards {input.shards:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"
 
 
 rule student:
     input:
         unpack(student_inputs),
     output:
-        "results/students/{dataset}/{size}/{variant}/{init}/seed{seed}/metrics.json",
+        **files(RUN, grid.MODEL_FILES),
     params:
         cfg=lambda wc: job_config("student", f"init_strategies.{wc.init}"),
-        out=lambda wc, output: os.path.dirname(output[0]),
-        distilled=lambda wc, input: (f"--distilled {os.path.dirname(input.distilled)}"
-                                     if "distilled" in input.keys() else ""),
+        teacher=in_folder("teacher_json"),
+        distilled=distilled_option,
+        out=out_folder,
     log:
-        "results/logs/students/{dataset}/{size}/{variant}/{init}/seed{seed}.log",
+        grid.log_path("students", RUN_KEY),
+    benchmark:
+        grid.benchmark_path("students", RUN_KEY)
     threads: res("student", "threads", 1)
     resources:
         mem_mb=res("student", "mem_mb", 4000),
@@ -69,5 +74,5 @@ rule student:
     shell:
         "linvit student --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
         " --variant {wildcards.variant} --init {wildcards.init} --seed {wildcards.seed}"
-        " --teacher results/teacher/{wildcards.size} --shards results/data/{wildcards.dataset}"
-        " --out {params.out} {params.distilled} --threads {threads} > {log} 2>&1"
+        " --teacher {params.teacher:q} --shards {input.shards:q}"
+        " --out {params.out:q} {params.distilled} --threads {threads} > {log:q} 2>&1"

@@ -1,20 +1,21 @@
 # The softmax teacher, pretrained on config.teacher.dataset; every student starts from it.
 rule teacher:
     input:
-        shards(TEACHER_DATASET),
+        shards=grid.shards_dir(TEACHER_DATASET),
     output:
-        "results/teacher/{size}/metrics.json",
-        "results/teacher/{size}/model.safetensors",
+        **files(TEACHER, grid.MODEL_FILES),
     params:
-        cfg=lambda wc: job_config("teacher"),
+        cfg=job_config("teacher"),
         seed=TEACHER_SEED,
+        out=out_folder,
     log:
-        "results/logs/teacher/{size}.log",
+        grid.log_path("teacher", "{size}"),
+    benchmark:
+        grid.benchmark_path("teacher", "{size}")
     threads: res("teacher", "threads", 2)
     resources:
         mem_mb=res("teacher", "mem_mb", 4000),
         runtime=res("teacher", "runtime", 60),
     shell:
         "linvit teacher --config-json {params.cfg:q} --size {wildcards.size} --seed {params.seed}"
-        " --shards results/data/{TEACHER_DATASET} --out results/teacher/{wildcards.size}"
-        " --threads {threads} > {log} 2>&1"
+        " --shards {input.shards:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"

@@ -64,6 +64,14 @@ def test_linear_operator_takes_no_mask(variant):
         make(variant)(torch.randn(1, 13, 32), attn_mask=torch.ones(13, 13, dtype=torch.bool))
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_operator_refuses_attn_drop(variant):
+    # A linear operator forms no attention matrix to drop entries of: the argument is refused
+    # rather than silently ignored.
+    with pytest.raises(TypeError, match="attn_drop"):
+        ATTENTION[variant](32, 4, attn_drop=0.1, grid_size=(3, 4))
+
+
 def test_unknown_variant_names_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown attention variant 'nope'.*elu"):
         build_vit("micro", num_classes=10, img_size=28, in_chans=1, variant="nope")

@@ -165,6 +165,19 @@ def test_shell_commands_take_paths_from_declared_files_only():
             assert not re.search(r"\{[A-Z_]+\}", m.group(1)), smk.name  # a global, not input/output/params
 
 
+def test_cheap_rules_are_local():
+    """The aggregation and the shards never go to a cluster (Snakemake rejects unknown names here)."""
+    text = (REPO / "Snakefile").read_text()
+    block = re.search(r"^localrules:\n((?:    \w+,?\n)+)", text, re.M)
+    assert block, "the Snakefile has no localrules block"
+    local = set(re.findall(r"\w+", block.group(1)))
+    assert local == {"all", "shards", "report", "report_from_results"}
+    defined = set()
+    for smk in [REPO / "Snakefile", *(REPO / "workflow/rules").glob("*.smk")]:
+        defined |= set(re.findall(r"^rule (\w+):", smk.read_text(), re.M))
+    assert local <= defined
+
+
 def test_lint_is_clean_but_for_explained_lints(tmp_path):
     out = snakemake(tmp_path, "--lint", check=False)
     text = out.stdout + out.stderr

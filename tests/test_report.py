@@ -228,9 +228,11 @@ def test_not_evaluable_when_inits_absent_and_single_seed(tree):
               "targets": ["dsA"], "variants": ["linA"]}
     runs, _ = collect(config, results)
     verdicts = {v.claim: v for v in evaluate_claims(runs, config)}
-    assert verdicts["C1"].verdict == "not evaluable: inits not in the grid: attn_only"
+    assert verdicts["C1"].verdict == ("not evaluable: no init strategy in the grid has the content of attn_only "
+                                      "(copies attn; no distillation; `attn_only` is defined but not in inits)")
     assert verdicts["C2"].verdict == "supported"
-    assert "mlp_only (not in the grid)" in verdicts["C2"].cells[0].text
+    assert "strict share not available (mlp_only (copies mlp; no distillation; `mlp_only` is defined but not in " \
+        "inits): no init strategy in the grid has this content)" in verdicts["C2"].cells[0].text
     assert "n/a (1 seed)" in verdicts["C3"].cells[0].text
     assert verdicts["C4"].verdict.startswith("not evaluable: the grid spans a single")
 
@@ -269,10 +271,10 @@ def test_report_files_figures_and_sections(tree):
         assert b"<svg" in svg.read_bytes()[:2000]
     readme = (report / "README.md").read_text()
     for heading in ("## Grid covered", "## Summary", "## Figures", "## Claims", "### C1", "### C2", "### C3",
-                    "### C4", "## Cost", "## Missing cells"):
+                    "### C4", "## Cost", "## Missing cells and failed runs"):
         assert heading in readme
     assert "figures/accuracy_by_init.png" in readme
-    assert "`dsB/tiny/linB/attn_only/seed0`: Error: job failed" in readme
+    assert "`dsB/tiny/linB/attn_only/seed0` (missing): Error: job failed" in readme
     assert "**Verdict: partly supported (2 of 3 cells).**" in readme
     assert json.loads((report / "claims.json").read_text())[0]["claim"] == "C1"
     assert (report / "notes.txt").read_text() == "mine"
@@ -288,7 +290,7 @@ def test_empty_results_tree_reports_every_cell_missing(tmp_path):
     assert (tmp_path / "report" / "figures" / "training_curves.png").stat().st_size > 0
 
 
-def test_malformed_jsonl_line_names_file_and_line(tmp_path):
+def test_malformed_jsonl_line_makes_the_cell_invalid_naming_file_and_line(tmp_path):
     config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "inits": ["random"], "seeds": [0]}
     cell = Cell("dsA", "tiny", "linA", "random", 0)
     write_cell(tmp_path, cell, 0.5)
@@ -296,8 +298,10 @@ def test_malformed_jsonl_line_names_file_and_line(tmp_path):
     lines = path.read_text().splitlines()
     lines[2] = '{"kind": "eval", "step": '
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ResultsError, match=rf"{path}:3: not valid JSON"):
-        collect(config, tmp_path)
+    runs, curves = collect(config, tmp_path)
+    row = runs.set_index("init").loc["random"]
+    assert row["status"] == "invalid" and row["reason"].startswith(f"{path}:3: not valid JSON")
+    assert len(curves[curves["init"] == "random"]) == 1  # the eval line before the bad one is kept
 
 
 def test_mismatched_or_incomplete_metrics_name_the_file_and_key(tmp_path):
@@ -306,10 +310,16 @@ def test_mismatched_or_incomplete_metrics_name_the_file_and_key(tmp_path):
     write_cell(tmp_path, cell, 0.5)
     metrics_path = cell.run_dir(tmp_path) / "metrics.json"
     metrics = json.loads(metrics_path.read_text())
+
+    def reason():
+        row = collect(config, tmp_path)[0].set_index("init").loc["random"]
+        assert row["status"] == "invalid"
+        return row["reason"]
+
     metrics_path.write_text(json.dumps({**metrics, "variant": "linB"}))
-    with pytest.raises(ResultsError, match="metrics.json: 'variant' is 'linB'"):
-        collect(config, tmp_path)
+    assert reason().startswith(f"{metrics_path}: 'variant' is 'linB'")
     del metrics["steps"]
     metrics_path.write_text(json.dumps(metrics))
-    with pytest.raises(ResultsError, match="metrics.json: missing key 'steps'"):
-        collect(config, tmp_path)
+    assert reason() == f"{metrics_path}: missing key 'steps'"
+    with pytest.raises(ResultsError, match="config: missing key 'seeds'"):
+        collect({k: v for k, v in config.items() if k != "seeds"}, tmp_path)

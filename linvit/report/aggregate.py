@@ -1,9 +1,18 @@
 """Read every expected cell's result files into two tidy tables: one row per run, one row per evaluation.
 
 The list of expected cells comes from `linvit.grid`, so a cell that failed or never ran still gets a
-row (status "missing", with the reason taken from its log) instead of silently vanishing from the
-report. Files that exist but do not match the contract raise `ResultsError` naming the file, the
-line where there is one, and the key.
+row instead of silently vanishing from the report. Each row has a status:
+
+    ok        metrics.json and eval.json read and match the contract
+    missing   no metrics.json (reason: the log's last error line, or "not run (no log)"), or not evaluated
+    diverged  no metrics.json and the job's log (or the distillation's it waited for) says "diverged"
+    invalid   a result file (metrics.json, eval.json, train.jsonl) cannot be read or breaks the contract
+
+One bad cell never stops the report: its reason names the file, the line where there is one, and the
+key. Only a config the grid cannot be built from raises `ResultsError`.
+
+Snakemake's benchmark TSVs (`benchmark_path` in linvit.grid) add each run's wall-clock seconds and peak
+memory (max_rss, MB) of its training and evaluation jobs; a run made without Snakemake has none (NaN).
 """
 
 from __future__ import annotations
@@ -14,18 +23,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from linvit.grid import Cell, all_cells
+from linvit.grid import Cell, all_cells, benchmark_path, distill_key, log_path
 from linvit.groups import GROUPS  # a group a run reports beyond these still gets a column
 from linvit.io import atomic_path
 
 ID_COLUMNS = ["dataset", "size", "variant", "init", "seed"]
+STATUSES = ("ok", "diverged", "invalid", "missing")
+BENCHMARK_COLUMNS = ["train_wall_s", "train_max_rss_mb", "eval_wall_s", "eval_max_rss_mb"]
 RUN_COLUMNS = ID_COLUMNS + [
     "status", "reason", "test_acc", "test_samples", "steps", "train_time_s", "images_seen",
     "distill_steps", "distill_time_s", "distill_loss", "distill_final_loss", "total_time_s",
-    "params", "params_attn_extra", "throughput_img_s", "fidelity_kl_mean",
+    "params", "params_attn_extra", "throughput_img_s", "fidelity_kl_mean", *BENCHMARK_COLUMNS,
 ]
 CURVE_COLUMNS = ID_COLUMNS + ["step", "epoch", "test_acc", "elapsed_s"]
 CONFIG_KEYS = ("targets", "sizes", "variants", "inits", "seeds")
+# Per-rule rows of the cost table, in this order (students get one row per init strategy).
+COST_RULES = ("teacher", "distill", "student", "reference", "evaluate")
 
 
 class ResultsError(ValueError):
@@ -34,35 +47,33 @@ class ResultsError(ValueError):
 
 def collect(config: dict, results: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One row per expected cell (runs) and one row per evaluation line of every train.jsonl (curves)."""
-    for key in CONFIG_KEYS:
-        if key not in config:
-            raise ResultsError(f"config: missing key '{key}'")
+    check_config(config)
     results = Path(results)
+    jobs = benchmark_jobs(config, results)
+    timing = {(job.stage, job.key): job for job in jobs.itertuples()}
     rows, curve_rows = [], []
     for cell in all_cells(config):
-        rows.append(_run_row(cell, results))
-        curve_rows.extend(_curve_rows(cell, results))
+        row, curves = _run_row(cell, results, config)
+        for stage, prefix in (("students", "train"), ("evaluate", "eval")):
+            job = timing.get((stage, cell.key))
+            row[f"{prefix}_wall_s"] = job.wall_s if job else math.nan
+            row[f"{prefix}_max_rss_mb"] = job.max_rss_mb if job else math.nan
+        rows.append(row)
+        curve_rows.extend(curves)
     return _runs_frame(rows), pd.DataFrame(curve_rows, columns=CURVE_COLUMNS)
 
 
-def write_tables(runs: pd.DataFrame, curves: pd.DataFrame, results: str | Path) -> list[Path]:
-    """Write results/runs.csv and results/curves.csv, each atomically."""
-    paths = [Path(results) / "runs.csv", Path(results) / "curves.csv"]
-    for frame, path in zip((runs, curves), paths):
-        write_csv(frame, path)
-    return paths
+def check_config(config: dict) -> None:
+    for key in CONFIG_KEYS:
+        if key not in config:
+            raise ResultsError(f"config: missing key '{key}'")
 
 
-# Outputs go through linvit.io.atomic_path (temp file beside the target, then rename), so an interrupted
-# report never leaves a table that looks complete.
-def write_csv(frame: pd.DataFrame, path: Path) -> None:
+def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
+    """The report's only CSV writer: through linvit.io.atomic_path, so an interrupted report never
+    leaves a table that looks complete."""
     with atomic_path(path) as tmp:
         frame.to_csv(tmp, index=False)
-
-
-def write_text(path: str | Path, text: str) -> Path:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
     return Path(path)
 
 
@@ -70,33 +81,67 @@ def write_text(path: str | Path, text: str) -> Path:
 # One cell
 
 
-def _run_row(cell: Cell, results: Path) -> dict:
+def _run_row(cell: Cell, results: Path, config: dict) -> tuple[dict, list[dict]]:
     row: dict = {**cell.as_dict(), "status": "ok", "reason": ""}
     run_dir = cell.run_dir(results)
     metrics_path, eval_path = run_dir / "metrics.json", run_dir / "eval.json"
-    metrics = _read_json(metrics_path, cell) if metrics_path.exists() else None
-    evaluation = _read_json(eval_path, cell) if eval_path.exists() else None
-    if metrics is not None:
-        row.update(_metrics_fields(metrics, metrics_path))
-    if evaluation is not None:
-        row.update(_eval_fields(evaluation, eval_path))
-    # Values that were read are kept even for a missing cell (they can explain the failure);
+    curves, curves_problem = _curve_rows(cell, results)
+    # Values that were read are kept even for a cell that is not ok (they can explain the failure);
     # only status "ok" rows enter the statistics and verdicts.
+    try:
+        metrics = _read_json(metrics_path, cell) if metrics_path.exists() else None
+        if metrics is not None:
+            row.update(_metrics_fields(metrics, metrics_path))
+        evaluation = _read_json(eval_path, cell) if eval_path.exists() else None
+        if evaluation is not None:
+            row.update(_eval_fields(evaluation, eval_path))
+    except ResultsError as err:
+        row.update(status="invalid", reason=str(err))
+        return row, curves
     if metrics is None:
-        row.update(status="missing", reason=missing_reason(cell, results))
+        status, reason = failure(cell, results, config)
+        row.update(status=status, reason=reason)
     elif evaluation is None:
-        row.update(status="missing", reason=f"not evaluated (no {eval_path})")
-    return row
+        _, line = _log_line(cell.log_path(results, "evaluate"))
+        row.update(status="missing", reason=f"not evaluated (no {eval_path})" + (f": {line}" if line else ""))
+    elif curves_problem:
+        row.update(status="invalid", reason=curves_problem)
+    return row, curves
 
 
-def missing_reason(cell: Cell, results: Path) -> str:
-    """The last line of the cell's log that mentions an error; else say whether a log exists."""
+def failure(cell: Cell, results: Path, config: dict) -> tuple[str, str]:
+    """Why a cell has no metrics: (status, reason) from its log, else from the upstream job it waited for."""
     log = cell.log_path(results)
+    if log.exists():
+        status, line = _log_line(log)
+        return status, line or f"failed (see {log})"
+    # The job never started: a failed distillation (for a distilling strategy) or teacher explains why.
+    upstream = []
+    strategy = (config.get("init_strategies") or {}).get(cell.init) or {}
+    if not cell.is_reference and strategy.get("distill"):
+        key = distill_key(cell.dataset, cell.size, cell.variant, cell.seed)
+        upstream.append(("distillation", Path(log_path("distill", key, results))))
+    upstream.append(("teacher", Path(log_path("teacher", cell.size, results))))
+    for what, path in upstream:
+        status, line = _log_line(path)
+        if line:
+            return status, f"{what} {'diverged' if status == 'diverged' else 'failed'} ({path}): {line}"
+    return "missing", "not run (no log)"
+
+
+def _log_line(log: Path) -> tuple[str, str]:
+    """("diverged", its last line mentioning that), else ("missing", the last line mentioning an error or "")."""
     if not log.exists():
-        return "not run (no log)"
-    lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "missing", ""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as err:
+        return "missing", f"{log} cannot be read ({err.strerror})"
+    diverged = [line.strip() for line in lines if "diverged" in line.lower()]
+    if diverged:
+        return "diverged", diverged[-1]
     errors = [line.strip() for line in lines if "error" in line.lower()]
-    return errors[-1] if errors else f"failed (see {log})"
+    return "missing", errors[-1] if errors else ""
 
 
 def _read_json(path: Path, cell: Cell) -> dict:
@@ -104,6 +149,8 @@ def _read_json(path: Path, cell: Cell) -> dict:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ResultsError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ResultsError(f"{path}: cannot be read ({err})") from None
     if not isinstance(data, dict):
         raise ResultsError(f"{path}: expected a JSON object, got {type(data).__name__}")
     # A file copied into the wrong directory would silently corrupt every comparison.
@@ -179,27 +226,33 @@ def _as_float(value, what: str) -> float:
     return float(value)
 
 
-def _curve_rows(cell: Cell, results: Path) -> list[dict]:
+def _curve_rows(cell: Cell, results: Path) -> tuple[list[dict], str]:
+    """The eval lines of train.jsonl, up to the first bad line; and what is wrong with that line ("" if none)."""
     path = cell.run_dir(results) / "train.jsonl"
     if not path.exists():
-        return []
+        return [], ""
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ResultsError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict) or "kind" not in record:
-                raise ResultsError(f"{where}: expected a JSON object with a 'kind' key")
-            if record["kind"] != "eval":
-                continue
-            rows.append({**cell.as_dict(),
-                         **{key: _number(record, key, where) for key in ("step", "epoch", "test_acc", "elapsed_s")}})
-    return rows
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{lineno}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ResultsError(f"{where}: not valid JSON ({err.msg})") from None
+                if not isinstance(record, dict) or "kind" not in record:
+                    raise ResultsError(f"{where}: expected a JSON object with a 'kind' key")
+                if record["kind"] != "eval":
+                    continue
+                rows.append({**cell.as_dict(), **{key: _number(record, key, where)
+                                                  for key in ("step", "epoch", "test_acc", "elapsed_s")}})
+    except ResultsError as err:
+        return rows, str(err)
+    except (OSError, UnicodeDecodeError) as err:
+        return rows, f"{path}: cannot be read ({err})"
+    return rows, ""
 
 
 def _runs_frame(rows: list[dict]) -> pd.DataFrame:
@@ -210,3 +263,79 @@ def _runs_frame(rows: list[dict]) -> pd.DataFrame:
     frame = pd.DataFrame(rows).reindex(columns=RUN_COLUMNS + layers + copied)
     counts = ["test_samples", "steps", "images_seen", "distill_steps", "params", "params_attn_extra", *copied]
     return frame.astype({"seed": int, **{col: "Int64" for col in counts}})
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost: Snakemake's benchmark TSVs
+
+
+def benchmark_jobs(config: dict, results: str | Path) -> pd.DataFrame:
+    """One row per job the grid runs: its rule ('student' rows carry the init), benchmark file, wall-clock
+    seconds (mean over repeats), peak max_rss MB and cpu seconds; `problem` names an unreadable file.
+
+    A job without a benchmark file (run without Snakemake, or not run) has NaN numbers and no problem.
+    """
+    check_config(config)
+    results = Path(results)
+    strategies = config.get("init_strategies") or {}
+    jobs = [("teacher", "", "teacher", size, Path(benchmark_path("teacher", size, results)))
+            for size in config["sizes"]]
+    # One distillation per (target, size, variant, seed), shared by every strategy that distills.
+    if any((strategies.get(init) or {}).get("distill") for init in config["inits"]):
+        jobs += [("distill", "", "distill", key, Path(benchmark_path("distill", key, results)))
+                 for key in (distill_key(d, s, v, seed) for d in config["targets"] for s in config["sizes"]
+                             for v in config["variants"] for seed in config["seeds"])]
+    cells = all_cells(config)
+    jobs += [(cell.rule, "" if cell.is_reference else cell.init, "students", cell.key,
+              cell.benchmark_path("students", results)) for cell in cells]
+    jobs += [("evaluate", "", "evaluate", cell.key, cell.benchmark_path("evaluate", results)) for cell in cells]
+    rows = [{"rule": rule, "init": init, "stage": stage, "key": key, "path": str(path), **read_benchmark(path)}
+            for rule, init, stage, key, path in jobs]
+    return pd.DataFrame(rows, columns=["rule", "init", "stage", "key", "path", "wall_s", "max_rss_mb",
+                                       "cpu_time_s", "problem"])
+
+
+def read_benchmark(path: Path) -> dict:
+    """Snakemake's benchmark TSV (s, h:m:s, max_rss, ..., cpu_time; one row per repeat): mean seconds and
+    cpu seconds over repeats, the highest max_rss. 'NA' or '-' values read as NaN."""
+    empty = {"wall_s": math.nan, "max_rss_mb": math.nan, "cpu_time_s": math.nan, "problem": ""}
+    if not path.exists():
+        return empty
+    try:
+        frame = pd.read_csv(path, sep="\t")
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        return {**empty, "problem": f"{path}: cannot be read ({str(err).strip().splitlines()[0]})"}
+    if "s" not in frame.columns:
+        return {**empty, "problem": f"{path}: no 's' column (expected Snakemake's benchmark header)"}
+    if frame.empty:
+        return {**empty, "problem": f"{path}: no rows"}
+
+    def column(name: str):
+        return pd.to_numeric(frame[name], errors="coerce") if name in frame else pd.Series([math.nan])
+
+    return {"wall_s": float(column("s").mean()), "max_rss_mb": float(column("max_rss").max()),
+            "cpu_time_s": float(column("cpu_time").mean()), "problem": ""}
+
+
+def rule_costs(jobs: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """Per rule (students per init strategy) and in total: jobs, how many have a benchmark, wall-clock
+    total and mean per job, peak memory, cpu seconds. Totals are sums over jobs, not elapsed time."""
+    groups = []
+    for rule in COST_RULES:
+        if rule == "student":
+            groups += [(f"student: {init}", jobs[(jobs["rule"] == rule) & (jobs["init"] == init)])
+                       for init in config["inits"]]
+        else:
+            groups.append((rule, jobs[jobs["rule"] == rule]))
+    groups.append(("total", jobs))
+    rows = [{"rule": name, "jobs": len(g), "benchmarked": int(g["wall_s"].notna().sum()),
+             "wall_s_total": g["wall_s"].sum(min_count=1), "wall_s_mean": g["wall_s"].mean(),
+             "max_rss_mb_peak": g["max_rss_mb"].max(), "cpu_time_s_total": g["cpu_time_s"].sum(min_count=1)}
+            for name, g in groups if len(g)]
+    return pd.DataFrame(rows, columns=["rule", "jobs", "benchmarked", "wall_s_total", "wall_s_mean",
+                                       "max_rss_mb_peak", "cpu_time_s_total"])
+
+
+def collect_benchmarks(config: dict, results: str | Path) -> pd.DataFrame:
+    """The per-rule cost table of a results tree (see rule_costs)."""
+    return rule_costs(benchmark_jobs(config, results), config)

@@ -2,7 +2,21 @@
 
 Every verdict is computed from the grid's own numbers and names them, whichever way they fall:
 a claim that does not reproduce is a result. Only runs with status "ok" count; a verdict that needs
-an init strategy the grid lacks, or whose results are missing, says "not evaluable" and why.
+a strategy the grid lacks, or whose results are missing, says "not evaluable" and why.
+
+The claims compare roles, and a role is defined by what a strategy copies from the teacher, not by
+its name (an init strategy is added or renamed in the config with no code changes):
+
+    random            copies nothing, no distillation
+    copy_all          copies embed, attn, mlp, norm, head, no distillation
+    copy_mlp          copies embed, mlp, norm, head (all but attn), no distillation
+    attn_only         copies attn, no distillation
+    mlp_only          copies mlp, no distillation
+    copy_mlp_distill  copies embed, mlp, norm, head, attention distilled
+
+`resolve_roles` finds, among the grid's `inits`, the strategy whose `init_strategies` entry has each
+content (`attn_extra` in a copy list is ignored: it is never copied). Several strategies with the same
+content: the first in `inits` fills the role, and the report names the others.
 """
 
 from __future__ import annotations
@@ -13,10 +27,81 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from linvit.grid import REFERENCE_INIT, REFERENCE_VARIANT
+from linvit.groups import GROUPS
 
-# The init strategies each claim compares, by their names in the config's init_strategies.
-RANDOM, COPY_ALL, COPY_MLP, ATTN_ONLY, MLP_ONLY, COPY_MLP_DISTILL = (
-    "random", "copy_all", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill")
+
+@dataclass(frozen=True)
+class Role:
+    """What the claims compare: a set of copied parameter groups and whether attention is distilled."""
+
+    name: str
+    copy: frozenset
+    distill: bool
+
+    @property
+    def content(self) -> str:
+        groups = ", ".join(g for g in GROUPS if g in self.copy) or "nothing"
+        return f"copies {groups}; {'attention distilled' if self.distill else 'no distillation'}"
+
+
+_COPYABLE = frozenset({"embed", "attn", "mlp", "norm", "head"})
+ROLES = {role.name: role for role in (
+    Role("random", frozenset(), False),
+    Role("copy_all", _COPYABLE, False),
+    Role("copy_mlp", _COPYABLE - {"attn"}, False),
+    Role("attn_only", frozenset({"attn"}), False),
+    Role("mlp_only", frozenset({"mlp"}), False),
+    Role("copy_mlp_distill", _COPYABLE - {"attn"}, True),
+)}
+RANDOM, COPY_ALL, COPY_MLP, ATTN_ONLY, MLP_ONLY, COPY_MLP_DISTILL = ROLES
+# The roles each claim compares (C4 combines C1-C3).
+CLAIM_ROLES = {"C1": [RANDOM, COPY_ALL, COPY_MLP, ATTN_ONLY], "C2": [RANDOM, COPY_ALL, COPY_MLP, MLP_ONLY],
+               "C3": [COPY_MLP_DISTILL, RANDOM]}
+# Roles without which a claim cannot be evaluated at all (the others only add a reported number).
+REQUIRED_ROLES = {"C1": [RANDOM, COPY_ALL, COPY_MLP, ATTN_ONLY], "C2": [RANDOM, COPY_ALL, COPY_MLP],
+                  "C3": [COPY_MLP_DISTILL]}
+
+
+@dataclass(frozen=True)
+class RoleMatch:
+    """Which strategy of the grid fills a role; `strategy` is None when none does."""
+
+    role: Role
+    strategy: str | None
+    duplicates: tuple[str, ...] = ()    # further strategies in inits with the same content, not used
+    outside_grid: tuple[str, ...] = ()  # strategies with the content that are defined but not in inits
+
+    @property
+    def label(self) -> str:
+        """The user's strategy name, with the role when the two differ: 'baseline (as random)'."""
+        if self.strategy is None or self.strategy == self.role.name:
+            return self.role.name
+        return f"{self.strategy} (as {self.role.name})"
+
+    def absent(self) -> str:
+        """'attn_only (copies attn; no distillation; `attn_only` is defined but not in inits)'."""
+        hint = "".join(f"; `{n}` is defined but not in inits" for n in self.outside_grid)
+        return f"{self.role.name} ({self.role.content}{hint})"
+
+
+def strategy_content(spec: dict) -> tuple[frozenset, bool]:
+    """(copied groups, distills) of an init_strategies entry; attn_extra is never copied, so it is dropped."""
+    copy = frozenset(g for g in (spec.get("copy") or []) if g != "attn_extra")
+    return copy, bool(spec.get("distill", False))
+
+
+def resolve_roles(config: dict) -> dict[str, RoleMatch]:
+    """Each role -> the strategy among the config's `inits` with that content (the first in `inits` order)."""
+    strategies = {name: spec for name, spec in (config.get("init_strategies") or {}).items() if isinstance(spec, dict)}
+    matches = {}
+    for role in ROLES.values():
+        same = [name for name, spec in strategies.items() if strategy_content(spec) == (role.copy, role.distill)]
+        in_grid = [init for init in dict.fromkeys(config["inits"]) if init in same]
+        matches[role.name] = RoleMatch(role, in_grid[0] if in_grid else None, tuple(in_grid[1:]),
+                                       tuple(n for n in same if n not in in_grid))
+    return matches
+
+
 DEFAULT_THRESHOLDS = {"negligible": 0.25, "most": 0.5, "match_tolerance": 0.005}
 STATEMENTS = {
     "C1": "Copying softmax attention weights into a linear ViT barely helps, and can be worse than random initialization.",
@@ -71,6 +156,7 @@ class ClaimVerdict:
     holds_in: int
     evaluable: int
     cells: list[CellVerdict]
+    roles: dict[str, str | None] = field(default_factory=dict)  # role -> the strategy that filled it
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -81,7 +167,7 @@ class ClaimVerdict:
 
 
 def summarize(runs: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """Mean/std over seeds per (dataset, size, variant, init), with gap closed against random and the reference.
+    """Mean/std over seeds per (dataset, size, variant, init), with gap closed against the random role and the reference.
 
     Students and the softmax reference (variant 'softmax', init 'reference') each get rows; gap closed
     is left empty for the reference and wherever its denominator is not positive.
@@ -98,7 +184,8 @@ def summarize(runs: pd.DataFrame, config: dict) -> pd.DataFrame:
     summary = pd.DataFrame(rows, columns=["dataset", "size", "variant", "init", "n_seeds", "n_expected",
                                           "test_acc_mean", "test_acc_std", "gap_closed"]
                            + [f"{m}_mean" for m in SUMMARY_METRICS])
-    summary["gap_closed"] = [_gap_closed(summary, r) for r in summary.itertuples()]
+    random = resolve_roles(config)[RANDOM].strategy
+    summary["gap_closed"] = [_gap_closed(summary, r, random) for r in summary.itertuples()]
     return _ordered(summary, config)
 
 
@@ -107,10 +194,10 @@ def _std(values: pd.Series) -> float:
     return float(values.std(ddof=1)) if len(values) > 1 else math.nan
 
 
-def _gap_closed(summary: pd.DataFrame, r) -> float:
-    if r.variant == REFERENCE_VARIANT:
+def _gap_closed(summary: pd.DataFrame, r, random_init: str | None) -> float:
+    if r.variant == REFERENCE_VARIANT or random_init is None:
         return math.nan
-    random = _mean(summary, r.dataset, r.size, r.variant, RANDOM)
+    random = _mean(summary, r.dataset, r.size, r.variant, random_init)
     reference = _mean(summary, r.dataset, r.size, REFERENCE_VARIANT, REFERENCE_INIT)
     denominator = reference - random
     if math.isnan(denominator) or denominator <= 0:
@@ -141,51 +228,58 @@ def evaluate_claims(runs: pd.DataFrame, config: dict) -> list[ClaimVerdict]:
     """Verdicts for C1-C4 with the numbers behind them, per cell and overall."""
     thresholds = Thresholds.from_config(config)
     summary = summarize(runs, config)
+    roles = resolve_roles(config)
     cells = [(d, s, v) for d in config["targets"] for s in config["sizes"] for v in config["variants"]]
-    inits = list(config["inits"])
-    per_cell = {
-        "C1": [_c1(_Cell(summary, c), thresholds) for c in cells],
-        "C2": [_c2(_Cell(summary, c), thresholds) for c in cells],
-        "C3": [_c3(_Cell(summary, c), thresholds) for c in cells],
-    }
-    needed = {"C1": [RANDOM, COPY_ALL, COPY_MLP, ATTN_ONLY], "C2": [RANDOM, COPY_ALL, COPY_MLP],
-              "C3": [COPY_MLP_DISTILL]}
-    verdicts = [_overall(claim, per_cell[claim], [i for i in needed[claim] if i not in inits])
-                for claim in ("C1", "C2", "C3")]
+    checks = {"C1": _c1, "C2": _c2, "C3": _c3}
+    verdicts = []
+    for claim, check in checks.items():
+        per_cell = [check(_Cell(summary, c, roles), thresholds) for c in cells]
+        absent = [roles[r].absent() for r in REQUIRED_ROLES[claim] if roles[r].strategy is None]
+        verdict = _overall(claim, per_cell, absent)
+        verdict.roles = {r: roles[r].strategy for r in CLAIM_ROLES[claim]}
+        verdicts.append(verdict)
     verdicts.append(_c4(verdicts, config))
     return verdicts
 
 
 class _Cell:
-    """Means/stds of one (dataset, size, variant) cell, looked up by init; the reference by REFERENCE_INIT."""
+    """Means/stds of one (dataset, size, variant) cell, looked up by role; the reference by REFERENCE_INIT."""
 
-    def __init__(self, summary: pd.DataFrame, cell: tuple[str, str, str]):
+    def __init__(self, summary: pd.DataFrame, cell: tuple[str, str, str], roles: dict[str, RoleMatch]):
         self.dataset, self.size, self.variant = cell
+        self.roles = roles
         in_cell = summary[(summary["dataset"] == self.dataset) & (summary["size"] == self.size)]
         self.rows = {r.init: r for r in in_cell.itertuples()
                      if r.variant == self.variant or r.variant == REFERENCE_VARIANT}
 
-    def missing(self, inits: list[str]) -> dict[str, str]:
-        """The inits among `inits` with no finished seed -> a description saying whether it is absent from the grid."""
+    def _init(self, role: str) -> str | None:
+        return REFERENCE_INIT if role == REFERENCE_INIT else self.roles[role].strategy
+
+    def label(self, role: str) -> str:
+        return "softmax reference" if role == REFERENCE_INIT else self.roles[role].label
+
+    def missing(self, roles: list[str]) -> dict[str, str]:
+        """The roles among `roles` with no finished seed -> a description: no strategy fills it, or seeds unfinished."""
         out = {}
-        for init in inits:
-            name = _name(init)
-            if init not in self.rows:
-                out[name] = f"{name} (not in the grid)"
+        for role in roles:
+            init = self._init(role)
+            if init is None:
+                out[role] = f"{self.roles[role].absent()}: no init strategy in the grid has this content"
+            elif init not in self.rows:
+                out[role] = f"{self.label(role)} (not in the grid)"
             elif self.rows[init].n_seeds == 0:
-                out[name] = f"{name} (0 of {self.rows[init].n_expected} seeds finished)"
+                out[role] = f"{self.label(role)} (0 of {self.rows[init].n_expected} seeds finished)"
         return out
 
-    def acc(self, init: str) -> float:
-        return self.rows[init].test_acc_mean
+    def acc(self, role: str) -> float:
+        return self.rows[self._init(role)].test_acc_mean
 
-    def describe(self, init: str) -> str:
+    def describe(self, role: str) -> str:
         """'copy_all 71.20% ± 0.30 pp': the mean and its std over seeds, and how many seeds when not all finished."""
-        r = self.rows[init]
-        name = _name(init)
+        r = self.rows[self._init(role)]
         spread = " (std n/a (1 seed))" if r.n_seeds == 1 else f" ± {100 * r.test_acc_std:.2f} pp"
         partial = f" ({r.n_seeds} of {r.n_expected} seeds finished)" if r.n_seeds < r.n_expected else ""
-        return f"{name} {pct(r.test_acc_mean)}{spread}{partial}"
+        return f"{self.label(role)} {pct(r.test_acc_mean)}{spread}{partial}"
 
     def verdict(self, claim: str, holds: bool | None, text: str, **numbers: float) -> CellVerdict:
         return CellVerdict(claim, self.dataset, self.size, self.variant, holds, text, numbers)
@@ -196,11 +290,11 @@ class _Cell:
         return verdict
 
     def missing_results(self, claim: str, missing: dict[str, str]) -> CellVerdict:
-        return self.not_evaluable(claim, f"missing results for {', '.join(missing)}",
-                                  "missing " + ", ".join(missing.values()))
+        names = ", ".join(self.label(role) for role in missing)
+        return self.not_evaluable(claim, f"missing results for {names}", "missing " + ", ".join(missing.values()))
 
     def no_benefit(self, claim: str, total_text: str) -> CellVerdict:
-        return self.not_evaluable(claim, "copying all weights does not beat random",
+        return self.not_evaluable(claim, f"{self.label(COPY_ALL)} does not beat {self.label(RANDOM)}",
                                   f"copying all weights does not beat random ({total_text}), so shares of it are undefined")
 
 
@@ -221,9 +315,9 @@ def _c1(c: _Cell, t: Thresholds) -> CellVerdict:
     symmetric = (c.acc(COPY_ALL) - c.acc(COPY_MLP)) / total
     holds = strict <= t.negligible and symmetric <= t.negligible
     text = (f"{'holds' if holds else 'does not hold'} (threshold: both shares <= {pct(t.negligible)}). "
-            f"Strict: {c.describe(ATTN_ONLY)} vs random gives {pct(strict)} of the benefit"
+            f"Strict: {c.describe(ATTN_ONLY)} vs {c.label(RANDOM)} gives {pct(strict)} of the benefit"
             f"{' (worse than random)' if strict < 0 else ''}; "
-            f"symmetric: copy_all vs {c.describe(COPY_MLP)} gives {pct(symmetric)}"
+            f"symmetric: {c.label(COPY_ALL)} vs {c.describe(COPY_MLP)} gives {pct(symmetric)}"
             f"{' (copying attention on top of the rest hurts)' if symmetric < 0 else ''}; {total_text}.")
     return c.verdict("C1", holds, text, strict_fraction=strict, symmetric_fraction=symmetric, total_benefit=total)
 
@@ -243,10 +337,10 @@ def _c2(c: _Cell, t: Thresholds) -> CellVerdict:
     else:
         strict = (c.acc(MLP_ONLY) - c.acc(RANDOM)) / total
         numbers["strict_fraction"] = strict
-        strict_text = (f"strict: {c.describe(MLP_ONLY)} vs random gives {pct(strict)}, "
+        strict_text = (f"strict: {c.describe(MLP_ONLY)} vs {c.label(RANDOM)} gives {pct(strict)}, "
                        f"which {'also clears' if strict >= t.most else 'does not clear'} the threshold")
     text = (f"{'holds' if holds else 'does not hold'} (threshold: symmetric share >= {pct(t.most)}). "
-            f"Symmetric: {c.describe(COPY_MLP)} vs random gives {pct(symmetric)} of the benefit; "
+            f"Symmetric: {c.describe(COPY_MLP)} vs {c.label(RANDOM)} gives {pct(symmetric)} of the benefit; "
             f"{strict_text}; {total_text}.")
     return c.verdict("C2", holds, text, **numbers)
 
@@ -284,7 +378,7 @@ def _overall(claim: str, cells: list[CellVerdict], absent: list[str]) -> ClaimVe
             by_reason.setdefault(c.why, []).append(_key(c))
     skipped = [f"{why} in {_cells_phrase(keys, len(cells))}" for why, keys in by_reason.items()]
     if absent:
-        verdict = f"not evaluable: inits not in the grid: {', '.join(absent)}"
+        verdict = f"not evaluable: no init strategy in the grid has the content of {'; '.join(absent)}"
     elif not cells:
         verdict = "not evaluable: the grid has no cells"
     elif not evaluable:
@@ -328,39 +422,43 @@ def _c4(verdicts: list[ClaimVerdict], config: dict) -> ClaimVerdict:
     return result
 
 
-COST_INITS = [RANDOM, COPY_MLP_DISTILL, REFERENCE_INIT]
+COST_ROLES = [RANDOM, COPY_MLP_DISTILL, REFERENCE_INIT]
 
 
 def cost_table(runs: pd.DataFrame, curves: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """Student compute per cell for random, copy_mlp_distill and the softmax reference (means over finished seeds).
+    """Student compute per cell for the random and copy_mlp_distill roles and the softmax reference
+    (means over finished seeds); `init` names the strategy that fills the role.
 
     steps_to_random_acc: the first evaluated step at which a run reaches the final accuracy of the
-    random-init run with the same seed, averaged over the seeds that reach it (seeds_reaching says how many).
+    random-role run with the same seed, averaged over the seeds that reach it (seeds_reaching says how many).
     Teacher pretraining is not counted: it is shared by every student.
     """
     ok = runs[runs["status"] == "ok"]
+    roles = resolve_roles(config)
+    random_init = roles[RANDOM].strategy
     rows = []
     for dataset in config["targets"]:
         for size in config["sizes"]:
             for variant in config["variants"]:
                 random_final = ok[(ok["dataset"] == dataset) & (ok["size"] == size) & (ok["variant"] == variant)
-                                  & (ok["init"] == RANDOM)].set_index("seed")["test_acc"]
-                for init in COST_INITS:
-                    run_variant = REFERENCE_VARIANT if init == REFERENCE_INIT else variant
-                    if init != REFERENCE_INIT and init not in config["inits"]:
-                        continue
+                                  & (ok["init"] == random_init)].set_index("seed")["test_acc"]
+                for role in COST_ROLES:
+                    reference = role == REFERENCE_INIT
+                    init = REFERENCE_INIT if reference else roles[role].strategy
+                    if init is None:
+                        continue  # no strategy of the grid fills the role
                     done = ok[(ok["dataset"] == dataset) & (ok["size"] == size)
-                              & (ok["variant"] == run_variant) & (ok["init"] == init)]
-                    reach = [] if init == RANDOM else _steps_to_reach(curves, done, random_final)
+                              & (ok["variant"] == (REFERENCE_VARIANT if reference else variant)) & (ok["init"] == init)]
+                    reach = [] if role == RANDOM else _steps_to_reach(curves, done, random_final)
                     rows.append({"dataset": dataset, "size": size, "variant": variant,
-                                 "init": "softmax reference" if init == REFERENCE_INIT else init,
+                                 "init": "softmax reference" if reference else roles[role].label,
                                  "n_seeds": len(done), "test_acc_mean": done["test_acc"].mean(),
                                  "steps_mean": done["steps"].mean(), "distill_steps_mean": done["distill_steps"].mean(),
                                  "train_time_s_mean": done["train_time_s"].mean(),
                                  "distill_time_s_mean": done["distill_time_s"].mean(),
                                  "total_time_s_mean": done["total_time_s"].mean(),
                                  "steps_to_random_acc": pd.Series(reach, dtype=float).mean(),
-                                 "seeds_reaching": len(reach) if init != RANDOM else math.nan})
+                                 "seeds_reaching": len(reach) if role != RANDOM else math.nan})
     return pd.DataFrame(rows)
 
 
@@ -387,12 +485,24 @@ def claims_markdown(verdicts: list[ClaimVerdict]) -> str:
     return "\n".join(parts)
 
 
+def roles_markdown(config: dict) -> str:
+    """The roles the claims compare, by content, and the strategy of the grid that fills each."""
+    rows = ["| role | content | strategy used | notes |", "|---|---|---|---|"]
+    for match in resolve_roles(config).values():
+        notes = []
+        if match.duplicates:
+            names = ", ".join(f"`{n}`" for n in match.duplicates)
+            notes.append(f"{names} {'has' if len(match.duplicates) == 1 else 'have'} the same content; "
+                         f"the first in `inits` is used")
+        if match.outside_grid:
+            notes.append(", ".join(f"`{n}`" for n in match.outside_grid) + " defined but not in `inits`")
+        used = f"`{match.strategy}`" if match.strategy else "none in the grid: not evaluable"
+        rows.append(f"| {match.role.name} | {match.role.content} | {used} | {'; '.join(notes)} |")
+    return "\n".join(rows)
+
+
 def _cells_phrase(keys: list[str], total: int) -> str:
     return f"all {total} cells" if len(keys) == total and total > 1 else ", ".join(keys)
-
-
-def _name(init: str) -> str:
-    return "softmax reference" if init == REFERENCE_INIT else init
 
 
 def _key(c: CellVerdict) -> str:

@@ -2,7 +2,8 @@
 
 Figures are drawn on explicit Agg-backed `Figure` objects (no pyplot), so the report never needs a
 display, never touches the caller's global matplotlib state, and leaks no open figures. Each is
-saved as PNG (for the Markdown report) and SVG (vector), each written atomically.
+saved in linvit.grid's FIGURE_FORMATS (PNG for the Markdown report, SVG as vector), each written
+atomically, under the names linvit.grid lists as the report's outputs.
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from linvit.grid import REFERENCE_INIT, REFERENCE_VARIANT
+from linvit.grid import BENCHMARK_FIGURES, FIGURE_FORMATS, REFERENCE_INIT, REFERENCE_VARIANT, REPORT_FIGURES
 from linvit.io import atomic_path
 from linvit.report.aggregate import ID_COLUMNS
 
 REFERENCE_LABEL = "softmax reference"
 REFERENCE_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.2}
 SEED_COLOR, MEAN_COLOR = "0.55", "C0"
+ACCURACY_FIGURE, CURVES_FIGURE = REPORT_FIGURES
+(SCALING_FIGURE,) = BENCHMARK_FIGURES
+# Metadata without dates keeps reruns byte-stable.
+FORMAT_METADATA = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}
 
 
 def write_figures(runs: pd.DataFrame, curves: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
@@ -53,7 +58,7 @@ def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> l
     if (ok["variant"] == REFERENCE_VARIANT).any():
         handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
     _finish(fig, panels, xlabel="init strategy", ylabel="test accuracy", handles=handles)
-    return save_figure(fig, Path(out_dir) / "accuracy_by_init")
+    return save_figure(fig, Path(out_dir) / ACCURACY_FIGURE)
 
 
 def training_curves(curves: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
@@ -79,16 +84,16 @@ def training_curves(curves: pd.DataFrame, config: dict, out_dir: str | Path) -> 
     if (curves["init"] == REFERENCE_INIT).any():
         handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
     _finish(fig, panels, xlabel="training step", ylabel="test accuracy", handles=handles)
-    return save_figure(fig, Path(out_dir) / "training_curves")
+    return save_figure(fig, Path(out_dir) / CURVES_FIGURE)
 
 
 def save_figure(fig: Figure, stem: Path) -> list[Path]:
-    """Write stem.png and stem.svg atomically; metadata without dates keeps reruns byte-stable."""
+    """Write the figure in every FIGURE_FORMATS (stem.png, stem.svg), each atomically."""
     paths = []
-    for fmt, metadata in (("png", {"Software": None}), ("svg", {"Date": None})):
+    for fmt in FIGURE_FORMATS:
         path = stem.with_suffix(f".{fmt}")
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=150, metadata=metadata, bbox_inches="tight")
+            fig.savefig(tmp, format=fmt, dpi=150, metadata=FORMAT_METADATA.get(fmt), bbox_inches="tight")
         paths.append(path)
     return paths
 
@@ -150,4 +155,4 @@ def attention_scaling(bench: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     ax.set_ylabel("forward + backward time (s)")
     ax.legend(fontsize=8, ncol=2, frameon=False)
     ax.grid(True, which="both", alpha=0.3)
-    return save_figure(fig, Path(out_dir) / "attention_scaling")
+    return save_figure(fig, Path(out_dir) / SCALING_FIGURE)

@@ -1,7 +1,7 @@
 """Write the report directory: tables, figures, claim verdicts and README.md, all regenerated from results/.
 
-Only the files named here are written (each atomically); anything else a user keeps in report/ is
-left alone.
+Exactly the files `linvit.grid.report_files` names are written (each atomically), so the `report`
+rule's outputs and what this writes cannot disagree; anything else a user keeps in report/ is left alone.
 """
 
 from __future__ import annotations
@@ -12,53 +12,71 @@ from pathlib import Path
 
 import pandas as pd
 
-from linvit.grid import Cell
-from linvit.report.aggregate import collect, write_csv, write_tables, write_text
+from linvit.grid import REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_path, report_files
+from linvit.io import write_text
+from linvit.report.aggregate import STATUSES, ResultsError, benchmark_jobs, collect, rule_costs, write_csv
 from linvit.report.claims import (ClaimVerdict, Thresholds, claims_markdown, cost_table, evaluate_claims, pct,
-                                  summarize)
+                                  resolve_roles, roles_markdown, summarize)
 from linvit.report.figures import write_figures
+
+# The names come from linvit.grid (the workflow's list of the report's outputs), each spelled once there.
+README_MD, SUMMARY_CSV, SUMMARY_MD, CLAIMS_JSON = REPORT_FILES
+RUNS_CSV, CURVES_CSV = RESULTS_TABLES
 
 
 def write_report(config: dict, results: str | Path, report_dir: str | Path) -> list[Path]:
-    """Aggregate results/ and write report/{summary.csv,summary.md,claims.json,README.md,figures/*}.
-
-    Returns every path written, including results/runs.csv and results/curves.csv.
-    """
+    """Aggregate results/ and write report/{README.md,summary.csv,summary.md,claims.json,figures/*} and
+    results/{runs,curves}.csv. Returns every path written: exactly `report_files(...)`."""
     results, report_dir = Path(results), Path(report_dir)
     runs, curves = collect(config, results)
-    written = write_tables(runs, curves, results)
+    bench_path = Path(operator_benchmark_path(results))
+    expected = [Path(p) for p in report_files(bench_path.exists(), report_dir, results)]
     summary = summarize(runs, config)
     verdicts = evaluate_claims(runs, config)
     costs = cost_table(runs, curves, config)
+    jobs = benchmark_jobs(config, results)
 
-    write_csv(summary, report_dir / "summary.csv")
-    written.append(report_dir / "summary.csv")
-    written.append(write_text(report_dir / "summary.md", "# Summary over seeds\n\n" + _markdown(display_summary(summary)) + "\n"))
+    written = [write_csv(runs, results / RUNS_CSV), write_csv(curves, results / CURVES_CSV),
+               write_csv(summary, report_dir / SUMMARY_CSV)]
+    _write(report_dir / SUMMARY_MD, "# Summary over seeds\n\n" + _markdown(display_summary(summary)) + "\n", written)
     claims_json = json.dumps([v.as_dict() for v in verdicts], indent=2, default=_json_default)
-    written.append(write_text(report_dir / "claims.json", claims_json + "\n"))
+    _write(report_dir / CLAIMS_JSON, claims_json + "\n", written)
     figures = write_figures(runs, curves, config, report_dir / "figures")
     written.extend(figures)
-    scaling = _scaling_section(results, report_dir)
-    written.extend(scaling[1])
+    scaling, scaling_figures = _scaling_section(bench_path, report_dir) if bench_path.exists() else ("", [])
+    written.extend(scaling_figures)
     readme = render_readme(config, runs, summary, verdicts, costs, [f.relative_to(report_dir) for f in figures],
-                           scaling[0])
-    written.append(write_text(report_dir / "README.md", readme))
+                           scaling, jobs)
+    _write(report_dir / README_MD, readme, written)
+    # The list in linvit.grid is the contract the workflow declares; writing anything else is a bug here.
+    if sorted(written) != sorted(expected):
+        raise RuntimeError(f"report wrote {sorted(map(str, written))}, linvit.grid.report_files names "
+                           f"{sorted(map(str, expected))}")
     return written
 
 
+def _write(path: Path, text: str, written: list[Path]) -> None:
+    write_text(path, text)
+    written.append(path)
+
+
 def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdicts: list[ClaimVerdict],
-                  costs: pd.DataFrame, figures: list[Path], scaling: str = "") -> str:
+                  costs: pd.DataFrame, figures: list[Path], scaling: str = "", jobs: pd.DataFrame | None = None) -> str:
+    random = resolve_roles(config)["random"].strategy
+    gap = (f"Gap closed = (acc_init - acc_{random}) / (acc_softmax_reference - acc_{random}), against `{random}`, "
+           "the strategy that copies nothing (see Claims)." if random else
+           "Gap closed is not available: no strategy of the grid copies nothing (the random role, see Claims).")
     sections = [
         "# linvit report\n\nRegenerated from `results/` by `linvit.report`; every number below comes from the "
         "runs' own result files. Accuracies are top-1 on each target's test split; std is over seeds.",
         "## Grid covered\n\n" + _grid_section(config, runs),
-        "## Summary\n\nGap closed = (acc_init - acc_random) / (acc_softmax_reference - acc_random). "
-        "Full table: [summary.csv](summary.csv), [summary.md](summary.md).\n\n"
+        "## Summary\n\n" + gap + " Full table: [summary.csv](summary.csv), [summary.md](summary.md).\n\n"
         + _markdown(display_summary(summary)[["dataset", "size", "variant", "init", "seeds", "test acc", "gap closed"]]),
         "## Figures\n\n" + _figures_section(figures),
-        "## Claims\n\n" + _thresholds_line(config) + "\n\n" + claims_markdown(verdicts),
-        "## Cost\n\n" + _cost_section(costs),
-        "## Missing cells\n\n" + _missing_section(runs),
+        "## Claims\n\n" + _roles_section(config) + "\n\n" + _thresholds_line(config) + "\n\n"
+        + claims_markdown(verdicts),
+        "## Cost\n\n" + _cost_section(costs, jobs, config),
+        "## Missing cells and failed runs\n\n" + _missing_section(runs),
     ]
     if scaling:
         sections.insert(-1, scaling)
@@ -89,6 +107,10 @@ def _grid_section(config: dict, runs: pd.DataFrame) -> str:
         f"- Teacher pretrained on: {(config.get('teacher') or {}).get('dataset', 'not given in the config')}",
         "- Init strategies:",
     ]
+    filled = {}
+    for match in resolve_roles(config).values():
+        if match.strategy:
+            filled.setdefault(match.strategy, []).append(match.role.name)
     for init in config["inits"]:
         spec = strategies.get(init)
         if spec is None:
@@ -96,22 +118,29 @@ def _grid_section(config: dict, runs: pd.DataFrame) -> str:
         else:
             groups = ", ".join(spec.get("copy") or []) or "nothing"
             description = f" ({spec['description']})" if spec.get("description") else ""
+            roles = f" (the claims' {' and '.join(filled[init])} role)" if init in filled else ""
             lines.append(f"  - `{init}`{description}: copies {groups}; "
-                         f"{'distills attention' if spec.get('distill') else 'no distillation'}")
-    n_ok = int((runs["status"] == "ok").sum())
-    lines.append(f"- Cells: {len(runs)} expected (students and softmax references), {n_ok} finished, {len(runs) - n_ok} missing")
+                         f"{'distills attention' if spec.get('distill') else 'no distillation'}{roles}")
+    counts = runs["status"].value_counts()
+    # Failure statuses are named when they occur; "missing" always, so a complete grid says "0 missing".
+    states = [f"{int(counts.get(s, 0))} {'finished' if s == 'ok' else s}" for s in STATUSES
+              if s in ("ok", "missing") or counts.get(s, 0)]
+    lines.append(f"- Cells: {len(runs)} expected (students and softmax references), {', '.join(states)}")
     return "\n".join(lines)
 
 
-def _scaling_section(results: Path, report_dir: Path) -> tuple[str, list[Path]]:
-    """The operator benchmark (results/benchmark/attention.csv, from `linvit benchmark`), if it was run."""
+def _scaling_section(path: Path, report_dir: Path) -> tuple[str, list[Path]]:
+    """The operator benchmark (its CSV from `linvit benchmark`): table and log-log figure."""
     from linvit.benchmark import summarize
     from linvit.report.figures import attention_scaling
 
-    path = results / "benchmark" / "attention.csv"
-    if not path.exists():
-        return "", []
-    bench = pd.read_csv(path)
+    try:
+        bench = pd.read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise ResultsError(f"{path}: cannot be read ({str(err).strip().splitlines()[0]})") from None
+    missing = [c for c in ("variant", "tokens", "seconds", "speedup_vs_softmax") if c not in bench]
+    if missing:
+        raise ResultsError(f"{path}: missing column(s) {', '.join(missing)}")
     figures = attention_scaling(bench, report_dir / "figures")
     tokens = sorted(bench["tokens"].unique())
     high = 4096 if 4096 in tokens else tokens[-1]
@@ -135,6 +164,12 @@ def _figures_section(figures: list[Path]) -> str:
     return "\n\n".join(blocks)
 
 
+def _roles_section(config: dict) -> str:
+    return ("The claims compare init strategies by what they copy from the teacher, not by name: each role "
+            "below is filled by the strategy of the grid's `inits` whose `init_strategies` entry has that "
+            "content (`attn_extra` is never copied, so it is ignored).\n\n" + roles_markdown(config))
+
+
 def _thresholds_line(config: dict) -> str:
     t = Thresholds.from_config(config)
     return (f"Thresholds (config `claims`): negligible = {pct(t.negligible)} of the pretrained benefit, "
@@ -142,9 +177,11 @@ def _thresholds_line(config: dict) -> str:
             "A claim is *supported* if it holds in every cell where it can be evaluated.")
 
 
-def _cost_section(costs: pd.DataFrame) -> str:
+def _cost_section(costs: pd.DataFrame, jobs: pd.DataFrame | None, config: dict) -> str:
+    parts = [_rule_cost_section(jobs, config)] if jobs is not None else []
     if costs.empty:
-        return "No cells to compare."
+        parts.append("No cells to compare.")
+        return "\n\n".join(parts)
     table = costs[["dataset", "size", "variant", "init"]].copy()
     table["seeds"] = costs["n_seeds"]
     table["test acc"] = [pct(a) for a in costs["test_acc_mean"]]
@@ -155,9 +192,34 @@ def _cost_section(costs: pd.DataFrame) -> str:
     table["total time (s)"] = [_num(t, ".1f") for t in costs["total_time_s_mean"]]
     table["steps to random's final acc"] = [
         _reach_text(s, n, k) for s, n, k in zip(costs["steps_to_random_acc"], costs["seeds_reaching"], costs["n_seeds"])]
-    return ("Student compute per cell (means over finished seeds); the teacher's pretraining is shared by every "
-            "student and not counted. The last column is the first evaluated training step at which a run "
-            "reaches the final accuracy of the random-init run with the same seed.\n\n" + _markdown(table))
+    parts.append("Student compute per cell for the random and copy_mlp_distill roles and the softmax reference "
+                 "(means over finished seeds, as measured inside training); the teacher's pretraining is shared "
+                 "by every student and not counted. The last column is the first evaluated training step at which "
+                 "a run reaches the final accuracy of the random-role run with the same seed.\n\n" + _markdown(table))
+    return "\n\n".join(parts)
+
+
+def _rule_cost_section(jobs: pd.DataFrame, config: dict) -> str:
+    """Wall-clock and peak memory per rule from Snakemake's benchmark files (results/benchmarks/)."""
+    problems = [p for p in jobs["problem"] if p]
+    notes = "".join(f"\n- unreadable benchmark: {p}" for p in problems)
+    if not jobs["wall_s"].notna().any():
+        return ("No benchmark files under results/benchmarks/ (the runs were not made by Snakemake, or not yet): "
+                "no wall-clock or memory per job." + notes)
+    costs = rule_costs(jobs, config)
+    table = pd.DataFrame({
+        "rule": costs["rule"],
+        "jobs benchmarked": [f"{b} of {j}" for b, j in zip(costs["benchmarked"], costs["jobs"])],
+        "wall-clock total (s)": [_num(x, ".1f") for x in costs["wall_s_total"]],
+        "wall-clock per job (s)": [_num(x, ".1f") for x in costs["wall_s_mean"]],
+        "peak memory (MB)": [_num(x, ".0f") for x in costs["max_rss_mb_peak"]],
+        "cpu time total (s)": [_num(x, ".1f") for x in costs["cpu_time_s_total"]],
+    })
+    return ("Per Snakemake rule, from its benchmark files (`results/benchmarks/<rule>/...tsv`): wall-clock seconds "
+            "(mean over a job's repeats) summed over jobs, and per job; peak memory is the highest max_rss of any "
+            "job. Totals add job times, so they exceed the elapsed time when jobs ran in parallel. Per run, "
+            "runs.csv has train_wall_s, train_max_rss_mb, eval_wall_s and eval_max_rss_mb.\n\n"
+            + _markdown(table) + notes)
 
 
 def _reach_text(step: float, reaching: float, seeds: int) -> str:
@@ -169,11 +231,12 @@ def _reach_text(step: float, reaching: float, seeds: int) -> str:
 
 
 def _missing_section(runs: pd.DataFrame) -> str:
-    missing = runs[runs["status"] != "ok"]
-    if missing.empty:
+    """Every cell that is not ok, with its status (missing, diverged, invalid) and the reason."""
+    failed = runs[runs["status"] != "ok"]
+    if failed.empty:
         return "none"
-    return "\n".join(f"- `{Cell(r.dataset, r.size, r.variant, r.init, int(r.seed)).key}`: {r.reason}"
-                     for r in missing.itertuples())
+    return "\n".join(f"- `{Cell(r.dataset, r.size, r.variant, r.init, int(r.seed)).key}` ({r.status}): {r.reason}"
+                     for r in failed.itertuples())
 
 
 def _markdown(frame: pd.DataFrame) -> str:

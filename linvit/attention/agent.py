@@ -110,13 +110,14 @@ class AgentAttention(LinearAttention):
     # -- the core --------------------------------------------------------------------------------
     def attend(self, q, k, v):
         query_attn, agent_attn = self._softmaxes(q, k)
-        # (added out of place, padded: an in-place write into a slice costs torch.compile a copy)
+        # the convolution term, zero-padded over the prefix tokens (they get none)
         return query_attn @ (agent_attn @ v) + self.mix(v)
 
     def implicit(self, q, k, v):
         query_attn, agent_attn = self._softmaxes(q, k)
         mix, bias = self.mix_matrices(q.shape[-2])
-        return ImplicitAttention(attn=query_attn @ agent_attn, v=v, mix=mix.to(v.dtype), bias=bias.to(v.dtype))
+        return ImplicitAttention(attn=query_attn @ agent_attn, v=v, mix=mix.to(v.dtype),
+                                 bias=bias.to(v.dtype))
 
     # -- depthwise convolution on V over the patch grid (one filter per channel of C) ------------
     def _grid(self, t):

@@ -207,7 +207,8 @@ class PolarityAttention(LinearAttention):
             scores = f @ fk.transpose(-2, -1) / fk.shape[-2]
             mats.append(scores / (scores.sum(dim=-1, keepdim=True) + eps))
         mix, bias = self.mix_matrices(q.shape[-2])
-        return ImplicitAttention(attn=torch.stack(mats, dim=2), v=v, mix=mix.to(v.dtype), bias=bias.to(v.dtype))
+        return ImplicitAttention(attn=torch.stack(mats, dim=2), v=v, mix=mix.to(v.dtype),
+                                 bias=bias.to(v.dtype))
 
     # -- depthwise convolution on V over the patch grid ------------------------------------------
     def _conv(self, v):

@@ -23,7 +23,7 @@ from .evaluate import accuracy, attention_fidelity, parameter_counts, throughput
 from .io import code_version, file_sha256, provenance, read_json, remove_stale_temps, write_json, write_safetensors
 from .models import build_vit
 from .registry import SOFTMAX
-from .train import TrainSpec, fit
+from .train import TrainSpec, fit, publish_log
 from .transfer import GROUPS, attention_state, copy_groups, load_attention_state
 
 
@@ -121,6 +121,7 @@ def _finish(out_dir: Path, metrics: dict, config: dict, fingerprint: dict, tenso
     if arch is not None:
         write_json(out_dir / "model.json", arch)
     write_json(out_dir / "config.json", provenance(config, fingerprint=fingerprint))
+    publish_log(out_dir)
     write_json(out_dir / "metrics.json", metrics)
     shutil.rmtree(out_dir / "checkpoint", ignore_errors=True)
     return metrics

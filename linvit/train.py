@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -226,6 +227,20 @@ class Checkpoints:
         return weights, state, meta
 
 
+def live_log_path(out_dir: str | Path) -> Path:
+    """Where `fit` writes train.jsonl while it runs: inside the checkpoint folder, beside the state it
+    matches. Snakemake deletes a job's declared outputs (train.jsonl among them) before it reruns
+    the job, but not the checkpoint, so a resumed run keeps its log from step 0."""
+    return Path(out_dir) / "checkpoint" / "train.jsonl"
+
+
+def publish_log(out_dir: str | Path) -> Path:
+    """Move the finished run's log to <out_dir>/train.jsonl (atomic rename)."""
+    final = Path(out_dir) / "train.jsonl"
+    os.replace(live_log_path(out_dir), final)
+    return final
+
+
 class _Log:
     """The JSONL log; on resume, the lines after the checkpoint's step are dropped (they get redone).
 
@@ -319,7 +334,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         torch.set_rng_state(state["rng"])
         step, elapsed, start_loss = meta["step"], meta["elapsed_s"], meta["start_loss"]
         print(f"{desc}: resuming from step {step}", file=sys.stderr)
-    log = _Log(out_dir / "train.jsonl", step if resumed is not None else None)
+    log = _Log(live_log_path(out_dir), step if resumed is not None else None)
 
     def checkpoint():
         ckpts.save(step, model, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),

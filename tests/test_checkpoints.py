@@ -17,6 +17,8 @@ from timm.models.vision_transformer import VisionTransformer
 import linvit.io as lio
 from linvit import cli, steps
 from linvit import train as train_mod
+from linvit.grid import MODEL_FILES
+from linvit.train import live_log_path
 from linvit.data import write_shards
 
 SYNTH = {"source": "synthetic", "num_classes": 4, "train_samples": 64, "test_samples": 32}
@@ -223,10 +225,21 @@ def test_stale_temporary_files_do_not_outlive_a_rerun(shards, tmp_path, monkeypa
 # ----------------------------------------------------------------------------- the log
 
 
+def test_the_log_survives_snakemake_removing_the_declared_outputs(shards, tmp_path, monkeypatch):
+    # Snakemake deletes a rerun job's declared outputs (train.jsonl is one) but not its checkpoint.
+    out = tmp_path / "teacher"
+    stopped_teacher(monkeypatch, config(), shards, out)
+    for name in MODEL_FILES:
+        (out / name).unlink(missing_ok=True)
+    steps.run_teacher(config(), "micro", 0, shards, out)
+    records = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, 21))
+
+
 def test_a_half_written_last_log_line_is_dropped_on_resume(shards, tmp_path, monkeypatch, capsys):
     out = tmp_path / "teacher"
     stopped_teacher(monkeypatch, config(), shards, out)
-    with (out / "train.jsonl").open("a") as f:
+    with live_log_path(out).open("a") as f:
         f.write('{"kind": "train", "step": 11, "epo')  # the write the kill interrupted
     m = steps.run_teacher(config(), "micro", 0, shards, out)
     assert m["steps"] == 20
@@ -237,7 +250,7 @@ def test_a_half_written_last_log_line_is_dropped_on_resume(shards, tmp_path, mon
 def test_a_malformed_log_line_elsewhere_names_file_and_line(shards, tmp_path, monkeypatch, capsys):
     out = tmp_path / "teacher"
     stopped_teacher(monkeypatch, config(), shards, out)
-    log = out / "train.jsonl"
+    log = live_log_path(out)
     lines = log.read_text().splitlines(keepends=True)
     lines[2] = "not json\n"
     log.write_text("".join(lines))

@@ -64,7 +64,7 @@ def operator_options(variant: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _build(name: str, variant: str, **kwargs) -> VisionTransformer:
+def _build(name: str, variant: str, /, **kwargs) -> VisionTransformer:
     """A VisionTransformer from timm's options, then `variant`'s operators from the operator's options."""
     op_names = operator_options(variant)  # first: an unknown variant is its own error
     vit_kwargs, op_kwargs, unknown = {}, {}, []
@@ -101,6 +101,8 @@ def build_vit(size: str, *, num_classes: int, img_size: int | tuple[int, int], i
 
 def _unsupported(old: nn.Module) -> str | None:
     """What of a timm attention module a linear operator cannot carry over (None: nothing)."""
+    if isinstance(old, LinearAttention):  # swapping operators: nothing of timm's to lose
+        return None
     drop = getattr(old, "attn_drop", None)
     if isinstance(drop, nn.Dropout) and drop.p > 0:
         return (f"attention dropout (attn_drop_rate={drop.p}): a linear operator forms no attention "
@@ -192,7 +194,7 @@ def _cfg(size: str, variant: str) -> dict:
     )
 
 
-def _create(name: str, size: str, variant: str, pretrained: bool, **kwargs) -> VisionTransformer:
+def _create(name: str, size: str, variant: str, pretrained: bool, /, **kwargs) -> VisionTransformer:
     out_indices = kwargs.pop("out_indices", 3)  # as timm's vision_transformer: the last 3 blocks
     strict = kwargs.pop("pretrained_strict", True)
     return build_model_with_cfg(

@@ -16,13 +16,14 @@ import timm
 import torch
 from safetensors.torch import save_file
 from timm.models import get_notrace_functions, get_notrace_modules
+from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 from torchvision.models.feature_extraction import (NodePathTracer, create_feature_extractor,
                                                    get_graph_node_names)
 
 import linvit.models
 from linvit.attention import available_variants
-from linvit.models import build_vit, model_name
+from linvit.models import build_vit, model_name, model_variant, swap_attention
 from linvit.sizes import INPUTS, SIZES
 
 VARIANTS = available_variants()  # every registered operator, softmax included
@@ -307,3 +308,18 @@ def test_build_vit_and_timm_build_the_same_model():
     assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
     with pytest.raises(ValueError, match=r"linvit_micro_softmax: unknown option\(s\) 'agent_num'"):
         build_vit("micro", num_classes=10, img_size=28, in_chans=1, agent_num=16)
+
+
+def test_swap_attention_refuses_what_it_would_drop_and_swaps_operators_again():
+    vit = VisionTransformer(img_size=28, in_chans=1, num_classes=10, qk_norm=True, **SIZES["micro"])
+    with pytest.raises(ValueError, match=r"'elu' cannot take qk_norm=True"):
+        swap_attention(vit, "elu")
+    model = swap_attention(build_vit("micro", num_classes=10, img_size=28, in_chans=1, variant="elu"), "agent")
+    assert model_variant(model) == "agent" and model(torch.randn(1, 1, 28, 28)).shape == (1, 10)
+
+
+def test_operators_follow_the_dtype_the_model_is_built_in():
+    model = timm.create_model("linvit_micro_focused", dtype=torch.float64).eval()
+    assert {p.dtype for p in model.parameters()} == {torch.float64}
+    with torch.no_grad():
+        assert model(torch.randn(1, 1, 28, 28, dtype=torch.float64)).dtype == torch.float64

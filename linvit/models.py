@@ -12,6 +12,8 @@ Options: a timm VisionTransformer keyword (drop_path_rate, global_pool, class_to
 dynamic_img_size, ...) goes to the VisionTransformer; a keyword of the operator class's `__init__`
 (agent_num for agent, activation for hedgehog, rope for rala, ...) goes to every block's operator;
 anything else is a ValueError naming it and the model.
+
+TorchScript is out of scope (deprecated in this torch); torch.fx tracing and torch.compile are not.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def check_names(config: dict) -> None:
         # Its students would share the softmax reference's rows (variant softmax) in every table.
         raise ConfigError(f"config key variants: {SOFTMAX!r} is the teacher and the reference, not a linear "
                           f"variant; list linear variants only")
-    _known("variant", "variants", config["variants"], names("variant"))
+    _known("variant", "variants", config["variants"], [v for v in names("variant") if v != SOFTMAX])
     _known("size", "sizes", config["sizes"], SIZES)
     datasets = config["datasets"]
     _known("dataset", "targets", config["targets"], datasets)

@@ -9,8 +9,7 @@ from timm.models import _registry
 
 import linvit.models
 
-from linvit.attention import ATTENTION, LinearAttention, register_attention
-from linvit.attention.base import unregister_attention
+from linvit.attention import ATTENTION, LinearAttention, register_attention, unregister_attention
 from linvit.config import validate
 from linvit.steps import run_shards, run_student, run_teacher
 

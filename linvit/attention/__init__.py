@@ -8,7 +8,7 @@ import pkgutil
 
 from .base import (ATTENTION, ImplicitAttention, LinearAttention, attention_class, attention_maps,
                    available_variants, kernel_attention, kernel_matrix, merge_heads, register_attention,
-                   softmax_attention_maps)
+                   softmax_attention_maps, unregister_attention)
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base":
@@ -16,4 +16,4 @@ for _module in pkgutil.iter_modules(__path__):
 
 __all__ = ["ATTENTION", "ImplicitAttention", "LinearAttention", "attention_class", "attention_maps",
            "available_variants", "kernel_attention", "kernel_matrix", "merge_heads", "register_attention",
-           "softmax_attention_maps"]
+           "softmax_attention_maps", "unregister_attention"]

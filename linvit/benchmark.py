@@ -1,7 +1,9 @@
 """Operator benchmarks: forward+backward time against the number of tokens, beside softmax (SDPA).
 
 Every operator runs on the same shapes in one process, one after another, so the ratios are
-measured side by side. Timings are medians of repeated runs after a warm-up.
+measured side by side. Timings are medians of repeated runs after a warm-up, on one device (the
+CPU unless told; on CUDA each timing ends with a synchronize, as kernels run asynchronously), in
+fp32 and eager: the operators as written.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ SCOPES = ("module", "core")
 
 
 def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_dim: int = 32,
-                  scope: str = "core", repeats: int = 3, min_seconds: float = 0.2) -> float:
+                  scope: str = "core", repeats: int = 3, min_seconds: float = 0.2,
+                  device: torch.device | str = "cpu") -> float:
     """Median seconds of one forward+backward pass on (batch, tokens, heads*head_dim) patch tokens.
 
     scope 'module': the whole attention module (qkv and output projections, gates included);
@@ -41,8 +44,10 @@ def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, 
         raise ValueError(f"benchmark token counts must be square patch grids; {tokens} is not")
     torch.manual_seed(0)
     dim = heads * head_dim
-    op = ATTENTION[variant](dim, heads, qkv_bias=True, grid_size=(side, side), num_prefix_tokens=0)
-    x = torch.randn(batch, tokens, dim, requires_grad=True)
+    device = torch.device(device)
+    op = ATTENTION[variant](dim, heads, qkv_bias=True, grid_size=(side, side), num_prefix_tokens=0).to(device)
+    x = torch.randn(batch, tokens, dim).to(device).requires_grad_()  # same numbers on every device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         # Views laid out as the module's own forward sees them (slices of the qkv projection).
         qkv = [t.detach().requires_grad_() for t in op.split_heads(x)]
@@ -56,12 +61,14 @@ def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, 
         out.sum().backward()
 
     step()  # warm-up (allocations, kernel selection)
+    sync()
     times = []
     for _ in range(repeats):
         runs, start = 0, time.perf_counter()
         while runs < 1 or time.perf_counter() - start < min_seconds:
             step()
             runs += 1
+        sync()
         times.append((time.perf_counter() - start) / runs)
     return statistics.median(times)
 
@@ -80,7 +87,9 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
             if v == REFERENCE and n > max_softmax_tokens:
                 continue
             seconds = time_operator(v, n, **shape)
-            rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "core"), "seconds": seconds})
+            rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "core"),
+                         "device": str(torch.device(shape.get("device", "cpu"))), "dtype": "float32",
+                         "seconds": seconds})
             print(f"benchmark: {v:>10} N={n:>6}: {seconds * 1e3:9.2f} ms", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
     ref = df[df.variant == REFERENCE].set_index("tokens")["seconds"]

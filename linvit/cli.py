@@ -18,6 +18,14 @@ def _config(args) -> dict:
     return load_config(args.config)
 
 
+def _runtime(args, config: dict | None = None):
+    """Device, precision and compile backend, decided once before any compute: `--device` wins over
+    the config's runtime.device; a bad value is one line (a ValueError naming the key or flag)."""
+    from .device import runtime
+
+    return runtime(config, getattr(args, "device", None))
+
+
 def _threads(args) -> None:
     import torch
 
@@ -44,23 +52,26 @@ def cmd_shards(args):
 def cmd_teacher(args):
     from .steps import run_teacher
 
-    m = run_teacher(_config(args), args.size, args.seed, args.shards, args.out)
+    config = _config(args)
+    m = run_teacher(config, args.size, args.seed, args.shards, args.out, runtime=_runtime(args, config))
     print(f"teacher {args.size} seed {args.seed}: test accuracy {m['test_acc']:.4f} after {m['steps']} steps")
 
 
 def cmd_distill(args):
     from .steps import run_distill
 
-    m = run_distill(_config(args), args.dataset, args.size, args.variant, args.seed, args.teacher,
-                    args.shards, args.out)
+    config = _config(args)
+    m = run_distill(config, args.dataset, args.size, args.variant, args.seed, args.teacher,
+                    args.shards, args.out, runtime=_runtime(args, config))
     print(f"distilled {args.variant}: {m['loss']} loss {m['distill_loss']:.5f} on the probe batch")
 
 
 def cmd_student(args):
     from .steps import run_student
 
-    m = run_student(_config(args), args.dataset, args.size, args.variant, args.init, args.seed, args.teacher,
-                    args.shards, args.out, distilled_dir=args.distilled)
+    config = _config(args)
+    m = run_student(config, args.dataset, args.size, args.variant, args.init, args.seed, args.teacher,
+                    args.shards, args.out, distilled_dir=args.distilled, runtime=_runtime(args, config))
     print(f"{args.dataset}/{args.size}/{args.variant}/{args.init}/seed{args.seed}: "
           f"test accuracy {m['test_acc']:.4f} after {m['steps']} steps")
 
@@ -68,9 +79,10 @@ def cmd_student(args):
 def cmd_evaluate(args):
     from .steps import run_evaluate
 
-    r = run_evaluate(_config(args), args.run, args.teacher, args.shards, args.out)
+    config = _config(args)
+    r = run_evaluate(config, args.run, args.teacher, args.shards, args.out, runtime=_runtime(args, config))
     print(f"{args.run}: fidelity KL {r['fidelity_kl_mean']:.4f}, {r['params']} parameters, "
-          f"{r['throughput_img_s']:.0f} images/s")
+          f"{r['throughput_img_s']:.0f} images/s ({r['device']}, {r['precision']}, batch {r['throughput_batch']})")
 
 
 def cmd_report(args):
@@ -104,13 +116,14 @@ def cmd_benchmark(args):
     from .io import atomic_path
 
     tokens = [int(t) for t in args.tokens.split(",")]
+    device = _runtime(args).device  # the benchmark times fp32, eager: the operators as written
     df = run_benchmark(args.variants.split(",") if args.variants else None, tokens,
                        max_softmax_tokens=args.max_softmax_tokens, batch=args.batch, heads=args.heads,
-                       head_dim=args.head_dim, scope=args.scope)
+                       head_dim=args.head_dim, scope=args.scope, device=device)
     with atomic_path(args.out) as tmp:
         df.to_csv(tmp, index=False)
     table = df.pivot(index="variant", columns="tokens", values="seconds") * 1e3
-    print(f"forward+backward ms of the {args.scope} (batch {args.batch}, {args.heads} heads, "
+    print(f"forward+backward ms of the {args.scope} on {device} (batch {args.batch}, {args.heads} heads, "
           f"head dim {args.head_dim}):")
     print(table.round(2).to_string())
     low, high = tokens[0], (4096 if 4096 in tokens else tokens[-1])
@@ -123,11 +136,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"linvit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def command(name, fn, help, *args):
+    device_help = ("auto (CUDA when available, else CPU), cpu, cuda or cuda:N; overrides the config's "
+                   "runtime.device")
+
+    def command(name, fn, help, *args, computes=True):
         p = sub.add_parser(name, help=help)
         p.add_argument("--config", help="config file (YAML or JSON)")
         p.add_argument("--config-json", help="the config as JSON text (what the workflow passes)")
         p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+        if computes:
+            p.add_argument("--device", default=None, help=device_help)
         for a in args:
             p.add_argument(f"--{a}", required=a not in ("distilled",),
                            type=int if a == "seed" else str)
@@ -137,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config against the schema and the registries")
     check.add_argument("config")
     check.set_defaults(fn=cmd_check_config, config_json=None)
-    command("shards", cmd_shards, "write a dataset's webdataset shards and manifest", "dataset", "out")
+    command("shards", cmd_shards, "write a dataset's webdataset shards and manifest", "dataset", "out",
+            computes=False)
     command("teacher", cmd_teacher, "pretrain the softmax teacher", "size", "seed", "shards", "out")
     command("distill", cmd_distill, "distill the teacher's attention into a linear student",
             "dataset", "size", "variant", "seed", "teacher", "shards", "out")
@@ -146,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     command("evaluate", cmd_evaluate, "attention fidelity, parameters and throughput of a run",
             "run", "teacher", "shards", "out")
     command("report", cmd_report, "aggregate results/ into tables, figures and claim verdicts",
-            "results", "out")
+            "results", "out", computes=False)
     variants = sub.add_parser("variants", help="list the attention operators and their parameter counts")
     variants.add_argument("--size", default="micro", help="model size (default micro)")
     variants.set_defaults(fn=cmd_variants)
@@ -162,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="core (default): the token mixing from q, k, v, what SDPA does for softmax; "
                             "module: the whole attention module, with its projections and gates")
     bench.add_argument("--threads", type=int, default=0)
+    bench.add_argument("--device", default=None, help=device_help)
     bench.add_argument("--out", default="results/benchmark/attention.csv")
     bench.set_defaults(fn=cmd_benchmark)
     return parser

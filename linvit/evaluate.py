@@ -1,4 +1,8 @@
-"""Accuracy, attention fidelity, parameter counts and throughput of a trained model."""
+"""Accuracy, attention fidelity, parameter counts and throughput of a trained model.
+
+Each takes the model on its device; `runtime` (a linvit.device.Runtime) moves the batches there
+and, for throughput, gives the autocast context the figure is measured under.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +12,22 @@ import torch
 from torch import nn
 
 from .attention import attention_maps
+from .device import Runtime, cpu_runtime
 from .models import capture_attention
 from .transfer import group_sizes
 
 
 @torch.no_grad()
 def accuracy(model: nn.Module, data, split: str = "test", *, batch_size: int = 256,
-             limit: int | None = None) -> dict:
-    """Top-1 accuracy on (the first `limit` samples of) a split, in eval mode."""
+             limit: int | None = None, runtime: Runtime | None = None) -> dict:
+    """Top-1 accuracy on (the first `limit` samples of) a split, in eval mode, on the model's device
+    (under the caller's autocast context, if any)."""
+    runtime = runtime or cpu_runtime()
     was_training = model.training
     model.eval()
     correct = total = 0
     for x, y in data.batches(split, batch_size, limit=limit):
+        x, y = runtime.batch(x, y)
         correct += (model(x).argmax(dim=-1) == y).sum().item()
         total += y.numel()
     model.train(was_training)
@@ -50,13 +58,20 @@ def parameter_counts(model: nn.Module) -> dict:
 
 
 @torch.no_grad()
-def throughput(model: nn.Module, example: torch.Tensor, *, batch_size: int = 64, seconds: float = 1.0) -> float:
-    """Forward images per second on this machine at `batch_size`, after a warm-up pass."""
+def throughput(model: nn.Module, example: torch.Tensor, *, batch_size: int = 64, seconds: float = 1.0,
+               runtime: Runtime | None = None) -> float:
+    """Forward images per second at `batch_size` on the runtime's device and precision, after a
+    warm-up pass. On CUDA the clock reads after a synchronize: kernels run asynchronously."""
+    runtime = runtime or cpu_runtime()
     model.eval()
-    x = example[:1].expand(batch_size, *example.shape[1:]).contiguous()
-    model(x)
-    runs, start = 0, time.perf_counter()
-    while runs < 3 or time.perf_counter() - start < seconds:
+    x = runtime.batch(example[:1].expand(batch_size, *example.shape[1:]).contiguous())[0]
+    sync = torch.cuda.synchronize if runtime.cuda else (lambda: None)
+    with runtime.autocast():
         model(x)
-        runs += 1
+        sync()
+        runs, start = 0, time.perf_counter()
+        while runs < 3 or time.perf_counter() - start < seconds:
+            model(x)
+            runs += 1
+        sync()
     return runs * batch_size / (time.perf_counter() - start)

@@ -9,6 +9,12 @@ scheduler and RNG state: tensors and plain values only, read with `weights_only=
 `meta.json` (step, time, the run's first loss and its fingerprint), plus a `LATEST` pointer. A job
 resumes only from a checkpoint whose fingerprint equals its own (see `fit`); an unreadable or
 mismatched checkpoint is reported in one line and training starts afresh.
+
+Device and precision come from a `linvit.device.Runtime`, decided once before the loop: the model
+and every batch go to its device, forward passes run under its autocast context, fp16 steps go
+through a GradScaler, and `compile` compiles the model's forward in place (state_dict keys unchanged).
+Checkpoints load onto the CPU (`map_location`) whatever device wrote them; the optimizer then moves
+its state onto its parameters' device, so a run resumes on another device than the one it started on.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from .device import Runtime, cpu_runtime
 from .io import atomic_path, write_json, write_safetensors, write_text
 
 MAX_STEPS = 10**8       # a larger `steps` is a typo (10**12 would never finish), not a budget
@@ -169,7 +176,7 @@ class Checkpoints:
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
         try:
-            write_safetensors(folder / "model.safetensors", model.state_dict())
+            write_safetensors(folder / "model.safetensors", {k: v.cpu() for k, v in model.state_dict().items()})
             with atomic_path(folder / "state.pt") as tmp:
                 try:
                     torch.save(state, tmp)
@@ -218,7 +225,9 @@ class Checkpoints:
             raise _Unusable(f"checkpoint file {weights_path} does not fit the model (other tensors or shapes)")
         try:
             # weights_only: a state.pt that is not plain tensors and containers is refused, never run.
-            state = torch.load(state_path, weights_only=True)
+            # map_location cpu: tensors a CUDA run saved load on any machine; the RNG state must be a
+            # CPU tensor, and optimizer.load_state_dict moves its state onto the parameters' device.
+            state = torch.load(state_path, map_location="cpu", weights_only=True)
             missing = [k for k in ("optimizer", "scheduler", "rng") if k not in state]
             if missing:
                 raise ValueError(f"lacks {', '.join(missing)}")
@@ -286,7 +295,7 @@ class _Log:
 
 
 def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, desc: str = "train",
-        fingerprint: dict | None = None) -> dict:
+        fingerprint: dict | None = None, runtime: Runtime | None = None) -> dict:
     """Train `task` on the train split of `data` (a ShardSet) for `spec.steps` steps.
 
     `fingerprint`: what determines the run (config slice, data, teacher, seed, code version; the
@@ -294,7 +303,11 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     otherwise, or when a checkpoint file is unreadable, one line on stderr says why and training
     starts afresh. Returns a summary (steps, epochs, time, images seen, last loss, final
     evaluation). Raises TrainingDiverged (see `diverged`), leaving the last checkpoint in place.
+
+    `runtime`: device, precision and compile backend (default: CPU, fp32, eager). The task's
+    model must already be on its device (the step moves it there before building the task).
     """
+    runtime = runtime or cpu_runtime()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if fingerprint is None:  # a caller that says nothing: at least the seed and the spec
@@ -302,7 +315,8 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     fingerprint = {"seed": seed, **fingerprint}
     # JSON round trip: the fingerprint is compared with one read back from meta.json.
     fingerprint = json.loads(json.dumps(fingerprint))
-    model, named = task.model, task.trainable()
+    model, named = task.model.to(runtime.device), task.trainable()
+    scaler = runtime.scaler()  # None unless fp16
     optimizer = torch.optim.AdamW(param_groups(model, named, spec.weight_decay), lr=spec.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
     ckpts = Checkpoints(out_dir / "checkpoint")
@@ -332,17 +346,30 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         model.load_state_dict(weights)  # keys and shapes were checked
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
+        if runtime.cuda and "cuda_rng" in state:  # dropout on CUDA draws from the device's generator
+            torch.cuda.set_rng_state(state["cuda_rng"], runtime.device)
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
         step, elapsed, start_loss = meta["step"], meta["elapsed_s"], meta["start_loss"]
         print(f"{desc}: resuming from step {step}", file=sys.stderr)
     log = _Log(live_log_path(out_dir), step if resumed is not None else None)
 
     def checkpoint():
-        ckpts.save(step, model, {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                                 "rng": torch.get_rng_state()},
+        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "rng": torch.get_rng_state()}
+        if runtime.cuda:
+            state["cuda_rng"] = torch.cuda.get_rng_state(runtime.device)
+        if scaler is not None:
+            state["scaler"] = scaler.state_dict()
+        ckpts.save(step, model, state,
                    {"step": step, "elapsed_s": elapsed, "start_loss": start_loss, "fingerprint": fingerprint})
 
+    if runtime.compile:
+        # In place (nn.Module.compile): parameters, state_dict keys and checkpoints stay as in eager.
+        for module in getattr(task, "compiled_modules", lambda: [model])():
+            module.compile(backend=runtime.compile)
     if resumed is None and spec.eval_every:
-        _evaluate(task, log, 0, 0, 0.0, final=False)  # what the initialization alone gives
+        _evaluate(task, log, 0, 0, 0.0, final=False, runtime=runtime)  # what the initialization alone gives
     bar = _progress(spec.steps, step, desc)
     last_loss, started = float("nan"), time.perf_counter() - elapsed
     model.train()
@@ -351,17 +378,27 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
             epoch, skip = divmod(step, steps_per_epoch)
             for x, y in data.batches("train", spec.batch_size, seed=seed, epoch=epoch, shuffle=True,
                                      drop_last=True, skip_batches=skip):
-                loss = task.loss(x, y)
+                x, y = runtime.batch(x, y)
+                with runtime.autocast():
+                    loss = task.loss(x, y)
                 value = loss.item()
                 if start_loss is None:
                     start_loss = value
                 if diverged(spec, value, start_loss):
                     raise TrainingDiverged(_diverged_message(desc, spec, value, start_loss, step + 1))
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if spec.clip_grad:
-                    nn.utils.clip_grad_norm_([p for _, p in named], spec.clip_grad)
-                optimizer.step()
+                if scaler is None:
+                    loss.backward()
+                    if spec.clip_grad:
+                        nn.utils.clip_grad_norm_([p for _, p in named], spec.clip_grad)
+                    optimizer.step()
+                else:
+                    scaler.scale(loss).backward()
+                    if spec.clip_grad:
+                        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+                        nn.utils.clip_grad_norm_([p for _, p in named], spec.clip_grad)
+                    scaler.step(optimizer)  # skipped when the scaled gradients overflowed
+                    scaler.update()
                 scheduler.step()
                 step += 1
                 last_loss = value
@@ -371,14 +408,14 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
                     log.write({"kind": "train", "step": step, "epoch": epoch, "loss": last_loss,
                                "lr": scheduler.get_last_lr()[0], "elapsed_s": round(elapsed, 3)})
                 if spec.eval_every and step % spec.eval_every == 0 and step < spec.steps:
-                    _evaluate(task, log, step, epoch, elapsed, final=False)
+                    _evaluate(task, log, step, epoch, elapsed, final=False, runtime=runtime)
                 epoch_end = step % steps_per_epoch == 0
                 if step < spec.steps and (epoch_end or (spec.checkpoint_every and step % spec.checkpoint_every == 0)):
                     checkpoint()
                 if step >= spec.steps or epoch_end:
                     break
         bar.close()
-        final = _evaluate(task, log, step, (step - 1) // steps_per_epoch, elapsed, final=True)
+        final = _evaluate(task, log, step, (step - 1) // steps_per_epoch, elapsed, final=True, runtime=runtime)
     finally:
         log.close()
     return {"steps": step, "epochs": step / steps_per_epoch, "train_time_s": round(elapsed, 3),
@@ -394,10 +431,10 @@ def _diverged_message(desc: str, spec: TrainSpec, value: float, start_loss: floa
     return f"{desc}: diverged: {why}; stopped, no metrics written"
 
 
-def _evaluate(task, log, step, epoch, elapsed, final) -> dict:
+def _evaluate(task, log, step, epoch, elapsed, final, runtime: Runtime) -> dict:
     was_training = task.model.training
     task.model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), runtime.autocast():
         result = task.evaluate(final)
     task.model.train(was_training)
     if result:

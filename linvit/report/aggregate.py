@@ -33,7 +33,8 @@ BENCHMARK_COLUMNS = ["train_wall_s", "train_max_rss_mb", "eval_wall_s", "eval_ma
 RUN_COLUMNS = ID_COLUMNS + [
     "status", "reason", "test_acc", "test_samples", "steps", "train_time_s", "images_seen",
     "distill_steps", "distill_time_s", "distill_loss", "distill_final_loss", "total_time_s",
-    "params", "params_attn_extra", "throughput_img_s", "fidelity_kl_mean", *BENCHMARK_COLUMNS,
+    "params", "params_attn_extra", "throughput_img_s", "throughput_device", "throughput_dtype",
+    "throughput_batch", "fidelity_kl_mean", *BENCHMARK_COLUMNS,
 ]
 CURVE_COLUMNS = ID_COLUMNS + ["step", "epoch", "test_acc", "elapsed_s"]
 CONFIG_KEYS = ("targets", "sizes", "variants", "inits", "seeds")
@@ -196,6 +197,9 @@ def _metrics_fields(m: dict, path: Path) -> dict:
 def _eval_fields(e: dict, path: Path) -> dict:
     fields = {key: _count(e, key, path) for key in ("params", "params_attn_extra")}
     fields.update({key: _number(e, key, path) for key in ("throughput_img_s", "fidelity_kl_mean")})
+    # What each throughput figure was measured on; absent in eval.json files older than these keys.
+    fields.update(throughput_device=e.get("device"), throughput_dtype=e.get("dtype"),
+                  throughput_batch=_number(e, "throughput_batch", path, required=False))
     per_layer = e.get("fidelity_kl")
     if not isinstance(per_layer, list):
         raise ResultsError(f"{path}: missing key 'fidelity_kl' (a list with one float per layer)")

@@ -5,7 +5,7 @@ rule teacher:
     output:
         **files(TEACHER, grid.MODEL_FILES),
     params:
-        cfg=job_config("teacher"),
+        cfg=job_config("teacher", "runtime"),
         seed=TEACHER_SEED,
         out=out_folder,
     log:

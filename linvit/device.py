@@ -1,0 +1,140 @@
+"""Where and in what precision a step computes: decided once, before any compute (nanoGPT style).
+
+The config's top-level `runtime:` section (device, precision, compile) and a step's `--device`
+flag (which wins over the config) resolve here into one `Runtime`: the torch device, the autocast
+dtype and context, whether a GradScaler is needed, and the torch.compile backend. Every step gets
+the same object, so the models, the batches, evaluation and the benchmark agree on the device.
+
+    device     auto (CUDA when torch.cuda.is_available(), else CPU) | cpu | cuda | cuda:N
+    precision  auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp16 (with GradScaler) | fp32
+    compile    false (default) | true (inductor) | a torch.compile backend name (aot_eager, ...)
+
+A bad value is a ValueError in one line naming the key or flag, raised before any compute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from dataclasses import dataclass
+
+import torch
+
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")
+PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+RUNTIME_KEYS = ("device", "precision", "compile")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    precision: str               # resolved: fp32, bf16 or fp16
+    compile: str | None = None   # a torch.compile backend, None for eager
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The autocast dtype (float32: no autocast)."""
+        return PRECISIONS[self.precision]
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def autocast(self):
+        """The autocast context of the forward passes; a no-op context in fp32, so the default CPU run
+        is the code it was before mixed precision existed."""
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """A GradScaler for fp16 (its small exponent range underflows gradients); None otherwise."""
+        return torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+
+    def batch(self, *tensors: torch.Tensor):
+        """Tensors on the device: on CUDA through pinned memory with a non-blocking copy, so the copy
+        overlaps the work already queued; on the CPU they are returned as they are."""
+        if not self.cuda:
+            return tensors
+        return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in tensors)
+
+    def describe(self) -> dict:
+        """What results record next to a figure measured under this runtime (eval.json)."""
+        return {"device": str(self.device), "precision": self.precision, "dtype": str(self.dtype).split(".")[-1]}
+
+    def fingerprint(self) -> dict:
+        """What changes a run's numbers: the precision and the compile backend. Not the device: a
+        checkpoint written on one device resumes on another (state is loaded with map_location)."""
+        return {"precision": self.precision, "compile": self.compile or False}
+
+
+def resolve_device(value, key: str = "runtime.device") -> torch.device:
+    value = "auto" if value is None else value
+    if not isinstance(value, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+        raise ValueError(f"{key}: unknown device {value!r}; known: {', '.join(DEVICES)}")
+    if value == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(value)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{key}: device {value!r} requested but torch.cuda.is_available() is False "
+                             f"on this machine")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"{key}: device {value!r} requested but this machine has {count} CUDA "
+                             f"device(s) (cuda:0..cuda:{count - 1})")
+    return device
+
+
+def resolve_precision(value, device: torch.device, key: str = "runtime.precision") -> str:
+    value = "auto" if value is None else value
+    if value not in PRECISIONS:
+        raise ValueError(f"{key}: unknown precision {value!r}; known: {', '.join(PRECISIONS)}")
+    if value == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return value
+
+
+def resolve_compile(value, key: str = "runtime.compile") -> str | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "inductor"
+    if isinstance(value, str) and value:
+        import torch._dynamo
+
+        known = torch._dynamo.list_backends(exclude_tags=()) + ["inductor"]
+        if value not in known:
+            raise ValueError(f"{key}: unknown torch.compile backend {value!r}; known: true, false, "
+                             f"{', '.join(sorted(set(known)))}")
+        return value
+    raise ValueError(f"{key}: {value!r} is not true, false or a torch.compile backend name")
+
+
+def runtime(config: dict | None = None, device: str | None = None) -> Runtime:
+    """The Runtime of a step from the config's `runtime:` section and the `--device` flag (which
+    overrides runtime.device). Also turns on TF32 matmuls when the device is CUDA."""
+    section = (config or {}).get("runtime") or {}
+    if not isinstance(section, dict):
+        raise ValueError(f"config key runtime: {section!r} is not a mapping")
+    unknown = sorted(set(section) - set(RUNTIME_KEYS))
+    if unknown:
+        raise ValueError(f"config key runtime: unknown setting(s) {unknown}; known: {list(RUNTIME_KEYS)}")
+    if device is not None:
+        where = "--device"
+    else:
+        device, where = section.get("device"), "config key runtime.device"
+    dev = resolve_device(device, where)
+    precision = resolve_precision(section.get("precision"), dev, "config key runtime.precision")
+    backend = resolve_compile(section.get("compile"), "config key runtime.compile")
+    if dev.type == "cuda":
+        # TF32 tensor cores for the fp32 matmuls left outside autocast (10 mantissa bits, as bf16 has 7).
+        # torch's new TF32 API only: mixing it with the legacy allow_tf32 flags is an error in torch 2.14.
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    return Runtime(dev, precision, backend)
+
+
+def cpu_runtime() -> Runtime:
+    """The runtime of a caller that names none: the CPU in fp32, eager (what linvit always did)."""
+    return Runtime(torch.device("cpu"), "fp32", None)

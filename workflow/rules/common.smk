@@ -48,8 +48,45 @@ def job_config(*keys):
     return json.dumps(parts, sort_keys=True)
 
 
+# Resources per rule. `resources:` in the config gives each rule's threads, mem_mb, runtime
+# (minutes) and gpu for the smallest model (micro) on a first attempt; a job of a larger size gets
+# them times its size's factors (SIZE_SCALE, overridden per size by `resources.scale`), and a job
+# Snakemake retries (--retries, the Slurm profile's 2) gets mem_mb and runtime times its attempt
+# (a job Slurm killed for time or memory comes back with more; it resumes from its checkpoint/).
+# On a cluster these become sbatch's --cpus-per-task, --mem, -t and --gpus; locally, threads are
+# capped by --cores and the rest constrain nothing unless --resources names them.
+SIZE_SCALE = {
+    "micro": {"threads": 1, "mem_mb": 1, "runtime": 1},
+    "mini": {"threads": 2, "mem_mb": 1.5, "runtime": 4},
+    "deit_tiny": {"threads": 4, "mem_mb": 4, "runtime": 16},
+    "deit_small": {"threads": 8, "mem_mb": 6, "runtime": 48},
+    "deit_base": {"threads": 8, "mem_mb": 12, "runtime": 160},
+}
+GROWS_WITH_ATTEMPT = ("mem_mb", "runtime")
+
+
+def size_factor(size, key):
+    """How much more of `key` a job on a model of `size` needs than one on micro."""
+    scale = {**SIZE_SCALE.get(size, {}), **config.get("resources", {}).get("scale", {}).get(size, {})}
+    return scale.get(key, 1)
+
+
+def resource_value(rule_name, key, default, size=None, attempt=1):
+    """The value of resource `key` for a job of `rule_name` on a model of `size`, at `attempt`."""
+    value = config.get("resources", {}).get(rule_name, {}).get(key, default)
+    if size is not None and value:
+        value = value * size_factor(size, key)
+    if key in GROWS_WITH_ATTEMPT:
+        value = value * attempt
+    return max(1, round(value)) if value else 0
+
+
 def res(rule_name, key, default):
-    return config.get("resources", {}).get(rule_name, {}).get(key, default)
+    """A threads/resources callable: `resource_value` for the job's size wildcard and attempt
+    (rules without a size, the shards and the report, get the configured value times attempt)."""
+    if key == "threads":
+        return lambda wildcards: resource_value(rule_name, key, default, wildcards.get("size"))
+    return lambda wildcards, attempt: resource_value(rule_name, key, default, wildcards.get("size"), attempt)
 
 
 def files(folder, names):

@@ -23,6 +23,7 @@ rule evaluate:
     resources:
         mem_mb=res("evaluate", "mem_mb", 4000),
         runtime=res("evaluate", "runtime", 30),
+        gpu=res("evaluate", "gpu", 0),
     shell:
         "linvit evaluate --config-json {params.cfg:q} --run {params.run:q} --teacher {params.teacher:q}"
         " --shards {input.shards:q} --out {output:q} --threads {threads} > {log:q} 2>&1"

@@ -58,6 +58,9 @@ rule benchmark:
         grid.operator_benchmark_path(),
     log:
         grid.log_path("benchmark", "attention"),
-    threads: workflow.cores
+    # Read when the job is planned, not when the Snakefile is parsed: a cluster run (--profile slurm)
+    # has no --cores unless given, and must still parse; `snakemake --profile slurm --cores 16
+    # benchmark` submits it with 16 CPUs.
+    threads: lambda wildcards: workflow.cores
     shell:
         "linvit benchmark --out {output:q} --threads {threads} 2> {log:q}"

@@ -20,6 +20,7 @@ rule distill:
     resources:
         mem_mb=res("distill", "mem_mb", 4000),
         runtime=res("distill", "runtime", 60),
+        gpu=res("distill", "gpu", 0),
     shell:
         "linvit distill --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
         " --variant {wildcards.variant} --seed {wildcards.seed} --teacher {params.teacher:q}"
@@ -47,6 +48,7 @@ rule reference:
     resources:
         mem_mb=res("student", "mem_mb", 4000),
         runtime=res("student", "runtime", 60),
+        gpu=res("student", "gpu", 0),
     shell:
         "linvit student --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
         " --variant {params.variant} --init {params.init} --seed {wildcards.seed} --teacher {params.teacher:q}"
@@ -71,6 +73,7 @@ rule student:
     resources:
         mem_mb=res("student", "mem_mb", 4000),
         runtime=res("student", "runtime", 60),
+        gpu=res("student", "gpu", 0),
     shell:
         "linvit student --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
         " --variant {wildcards.variant} --init {wildcards.init} --seed {wildcards.seed}"

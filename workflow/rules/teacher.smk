@@ -16,6 +16,7 @@ rule teacher:
     resources:
         mem_mb=res("teacher", "mem_mb", 4000),
         runtime=res("teacher", "runtime", 60),
+        gpu=res("teacher", "gpu", 0),
     shell:
         "linvit teacher --config-json {params.cfg:q} --size {wildcards.size} --seed {params.seed}"
         " --shards {input.shards:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"

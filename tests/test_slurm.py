@@ -1,0 +1,254 @@
+"""The Slurm profile (`snakemake --profile slurm`): how it resolves from the project root, what a dry
+run submits, the one-line error without an account, and the smoke grid run through a real
+single-node Slurm cluster started here (munged, slurmctld, slurmd).
+
+The cluster needs root and the Debian packages slurmctld, slurmd, slurm-client and munge (installed
+with apt-get when missing; .ci/run installs them up front). Without them the cluster test is skipped,
+saying why; under CI (CI=true) it fails instead. It writes /etc/slurm/slurm.conf (the job step's
+nested `srun` reads only that file: the Slurm executor plugin drops SLURM_CONF from the job's
+environment) and puts back whatever was there; everything else lives in a temporary folder, and it
+stops only the daemons it started.
+"""
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import BIN, REPO, run
+from test_workflow import expected_jobs, job_counts
+
+SNAKEFILE = str(REPO / "Snakefile")
+SMOKE = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
+PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
+COMMANDS = ["slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "munged"]
+LOCAL_RULES = {"all", "shards", "report", "report_from_results"}
+NO_ACCOUNTING = {"LINVIT_SLURM_ACCOUNT": "none", "LINVIT_SLURM_PARTITION": "default"}
+SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
+
+
+def profile_env(**values):
+    """This environment without LINVIT_SLURM_*, plus `values`; linvit and snakemake on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LINVIT_SLURM_")}
+    return {**env, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **values}
+
+
+def test_profile_resolves_from_the_project_root():
+    """`--profile slurm` from the project root finds ./slurm, a link to workflow/profiles/slurm."""
+    link = REPO / "slurm"
+    assert link.is_symlink() and os.readlink(link) == "workflow/profiles/slurm"
+    assert (link / "config.yaml").resolve() == REPO / "workflow/profiles/slurm/config.yaml"
+
+
+def test_dry_run_shows_each_rules_sbatch_resources(tmp_path):
+    """The default grid through the profile, as a dry run (from the project root, as the README says):
+    every non-local job with its threads, mem_mb, runtime and gpu; nothing submitted."""
+    proc = subprocess.run(["snakemake", "--profile", "slurm", "-n", "--cores", "64", "--directory", str(tmp_path)],
+                          cwd=REPO, env=profile_env(**NO_ACCOUNTING),
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "Using profile slurm" in out + proc.stderr
+    resources = {}
+    for block in re.split(r"^\[.*\d{4}\]$", out, flags=re.M):
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        res = re.search(r"^\s*resources: (.+)$", block, re.M)
+        if rule and res:
+            resources.setdefault(rule.group(1), dict(kv.split("=", 1) for kv in res.group(1).split(", ")))
+    # default.yaml's resources (micro, first attempt); the teacher also gets its 2 threads.
+    assert resources["teacher"]["mem_mb"] == "3000" and resources["teacher"]["runtime"] == "30"
+    assert resources["student"]["mem_mb"] == "2000" and resources["student"]["gpu"] == "0"
+    assert resources["evaluate"]["runtime"] == "10"
+    assert re.search(r"rule teacher:(?:\n    .*)*\n    threads: 2", out)
+    assert "slurm_account" not in out  # `none`: no -A
+    assert not (tmp_path / "results").exists()
+
+
+def test_without_account_the_profile_says_what_to_set(tmp_path):
+    proc = subprocess.run(["snakemake", "--profile", "slurm", "-n", "--directory", str(tmp_path)],
+                          cwd=REPO, env=profile_env(),
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+    text = (proc.stdout + proc.stderr).strip()
+    assert text.splitlines()[-1] == ("Error: linvit's Slurm profile needs LINVIT_SLURM_ACCOUNT: export "
+                                     "LINVIT_SLURM_ACCOUNT=<your Slurm account> (`none` on a cluster without accounting)")
+    assert len(text.splitlines()) <= 2, text  # no argparse usage dump
+
+
+def test_resources_scale_with_size_and_attempt(tmp_path):
+    """A larger model asks for more; a retried job (attempt 2) for twice the memory and runtime."""
+    config = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
+    config["sizes"] = ["mini"]
+    (tmp_path / "mini.yaml").write_text(yaml.safe_dump(config))
+    out = run(["snakemake", "-s", SNAKEFILE, "--directory", str(tmp_path), "-n", "--cores", "64",
+               "--configfile", str(tmp_path / "mini.yaml")], cwd=tmp_path).stdout
+    block = next(b for b in re.split(r"^\[.*\d{4}\]$", out, flags=re.M) if re.search(r"^rule teacher:", b, re.M))
+    assert "threads: 4" in block and "mem_mb=4500" in block and "runtime=120" in block, block
+    text = (REPO / "workflow/rules/common.smk").read_text()
+    assert 'GROWS_WITH_ATTEMPT = ("mem_mb", "runtime")' in text
+
+
+def _missing():
+    return [c for c in COMMANDS if not shutil.which(c) and not Path("/usr/sbin", c).exists()]
+
+
+def _unavailable() -> str | None:
+    """Why no cluster can be started here (None: it can)."""
+    if os.geteuid() != 0:
+        return "starting slurmctld/slurmd/munged needs root"
+    if _missing():
+        if not shutil.which("apt-get"):
+            return f"{', '.join(_missing())} missing and no apt-get to install {' '.join(PACKAGES)}"
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
+        proc = subprocess.run(["apt-get", "install", "-y", "-qq", *PACKAGES], capture_output=True, text=True,
+                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if proc.returncode != 0 or _missing():
+            return f"apt-get install {' '.join(PACKAGES)} failed: {proc.stderr.strip()[-300:]}"
+    if not Path("/etc/munge/munge.key").exists():
+        return "no /etc/munge/munge.key (the munge package creates it)"
+    running = subprocess.run(["pgrep", "-x", "slurmctld|slurmd"], capture_output=True, text=True).stdout.split()
+    if running:
+        return f"a Slurm daemon already runs here (pids {' '.join(running)}); not touching it"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(pidfile: Path):
+    try:
+        pid = int(pidfile.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    why = _unavailable()
+    if why:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI must run the Slurm test, but: {why}")
+        print(f"skipping the Slurm cluster test: {why}")
+        pytest.skip(why)
+    tmp = Path(tempfile.mkdtemp(prefix="linvit-slurm-"))
+    tmp.chmod(0o755)
+    munge_dir = tmp / "munge"
+    munge_dir.mkdir(mode=0o755)
+    shutil.chown(munge_dir, "munge", "munge")
+    host = socket.gethostname().split(".")[0]
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    conf = f"""ClusterName=linvit
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={munge_dir}/munge.socket
+CredType=cred/munge
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+StateSaveLocation={tmp}/state
+SlurmdSpoolDir={tmp}/spool
+SlurmctldPidFile={tmp}/slurmctld.pid
+SlurmdPidFile={tmp}/slurmd.pid
+SlurmctldLogFile={tmp}/slurmctld.log
+SlurmdLogFile={tmp}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+MinJobAge=86400
+ReturnToService=2
+NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={max(1024, mem - 512)} State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+    backup = tmp / "slurm.conf.orig"
+    had_conf = SYSTEM_CONF.exists()
+    if had_conf:
+        shutil.copy2(SYSTEM_CONF, backup)
+    SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
+    pidfiles = [tmp / "slurmd.pid", tmp / "slurmctld.pid", munge_dir / "munged.pid"]
+    try:
+        SYSTEM_CONF.write_text(conf)
+        for d in ("state", "spool"):
+            (tmp / d).mkdir()
+        subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", f"--socket={munge_dir}/munge.socket",
+                        f"--pid-file={munge_dir}/munged.pid", f"--log-file={munge_dir}/munged.log",
+                        f"--seed-file={munge_dir}/munged.seed"], check=True)
+        subprocess.run(["/usr/sbin/slurmctld"], check=True)
+        subprocess.run(["/usr/sbin/slurmd"], check=True)
+        for _ in range(60):
+            state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True).stdout.strip()
+            if state == "idle":
+                break
+            time.sleep(0.5)
+        else:
+            logs = "".join(p.read_text()[-1500:] for p in (tmp / "slurmctld.log", tmp / "slurmd.log") if p.exists())
+            pytest.fail(f"the Slurm node never became idle (sinfo: {state!r}):\n{logs}")
+        yield tmp
+    finally:
+        subprocess.run(["scancel", "--user", "root"], capture_output=True)
+        for pidfile in pidfiles:
+            _stop(pidfile)
+        if had_conf:
+            shutil.copy2(backup, SYSTEM_CONF)
+        else:
+            SYSTEM_CONF.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.mark.slurm
+def test_smoke_grid_runs_through_sbatch(slurm_cluster, tmp_path):
+    """The smoke grid's settings on one target and three inits (every non-local rule: teacher, distill,
+    reference, student, evaluate; 10 Slurm jobs, about a minute) with `snakemake --profile slurm`."""
+    config = dict(SMOKE, targets=["synthetic"], inits=["random", "copy_all", "copy_mlp_distill"])
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
+    os.symlink(REPO / "slurm", tmp_path / "slurm")  # the repository's link, as at the project root
+    env = profile_env(**NO_ACCOUNTING)
+    started = time.monotonic()
+    proc = subprocess.run(["snakemake", "--profile", "slurm", "-s", SNAKEFILE, "--configfile", "grid.yaml",
+                           "--slurm-init-seconds-before-status-checks", "2", "--retries", "0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
+    out = proc.stdout + proc.stderr
+    logs = sorted((tmp_path / "results/logs").rglob("*.log")) if (tmp_path / "results/logs").exists() else []
+    assert proc.returncode == 0, out[-4000:] + "".join(p.read_text()[-800:] for p in logs[:3])
+    print(f"smoke grid through Slurm: {time.monotonic() - started:.0f} s")
+    submitted = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_(\w+)/", out)
+    expected = {rule: n for rule, n in expected_jobs(config).items() if rule not in LOCAL_RULES}
+    by_rule = {}
+    for _, rule in submitted:
+        by_rule[rule] = by_rule.get(rule, 0) + 1
+    assert by_rule == expected, out[-3000:]
+    assert {r for r, n in job_counts(out).items()} - {"total"} == set(expected) | {"shards", "report", "all"}
+    for jobid, rule in submitted:
+        show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True).stdout
+        assert "JobState=COMPLETED" in show, show
+        assert f"Comment=rule_{rule}" in show, show
+    assert not (set(r for _, r in submitted) & LOCAL_RULES)  # shards and report ran here
+    readme = (tmp_path / "report/README.md").read_text()
+    assert "C1" in readme and "C3" in readme

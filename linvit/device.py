@@ -8,6 +8,8 @@ the same object, so the models, the batches, evaluation and the benchmark agree 
     device     auto (CUDA when torch.cuda.is_available(), else CPU) | cpu | cuda | cuda:N
     precision  auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp16 (with GradScaler) | fp32
     compile    false (default) | true (inductor) | a torch.compile backend name (aot_eager, ...)
+    workers    auto (the job's torch threads on CUDA, 0 on the CPU) | N: threads decoding each batch
+               (in order, so the batches stay exactly the same; 0 decodes in the loop's own thread)
 
 A bad value is a ValueError in one line naming the key or flag, raised before any compute.
 """
@@ -22,7 +24,7 @@ import torch
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-RUNTIME_KEYS = ("device", "precision", "compile")
+RUNTIME_KEYS = ("device", "precision", "compile", "workers")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class Runtime:
     device: torch.device
     precision: str               # resolved: fp32, bf16 or fp16
     compile: str | None = None   # a torch.compile backend, None for eager
+    workers: int = 0             # decoding threads of the loader (linvit.data.loader.ShardSet)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -111,6 +114,15 @@ def resolve_compile(value, key: str = "runtime.compile") -> str | None:
     raise ValueError(f"{key}: {value!r} is not true, false or a torch.compile backend name")
 
 
+def resolve_workers(value, device: torch.device, key: str = "runtime.workers") -> int:
+    if value is None or value == "auto":
+        # On the CPU the cores train the model and a 28x28 PNG decodes in microseconds: no threads.
+        return torch.get_num_threads() if device.type == "cuda" else 0
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError(f"{key}: {value!r} is not auto or a whole number of threads from 0")
+
+
 def runtime(config: dict | None = None, device: str | None = None) -> Runtime:
     """The Runtime of a step from the config's `runtime:` section and the `--device` flag (which
     overrides runtime.device). Also turns on TF32 matmuls when the device is CUDA."""
@@ -127,12 +139,13 @@ def runtime(config: dict | None = None, device: str | None = None) -> Runtime:
     dev = resolve_device(device, where)
     precision = resolve_precision(section.get("precision"), dev, "config key runtime.precision")
     backend = resolve_compile(section.get("compile"), "config key runtime.compile")
+    workers = resolve_workers(section.get("workers"), dev, "config key runtime.workers")
     if dev.type == "cuda":
         # TF32 tensor cores for the fp32 matmuls left outside autocast (10 mantissa bits, as bf16 has 7).
         # torch's new TF32 API only: mixing it with the legacy allow_tf32 flags is an error in torch 2.14.
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         torch.backends.cudnn.conv.fp32_precision = "tf32"
-    return Runtime(dev, precision, backend)
+    return Runtime(dev, precision, backend, workers)
 
 
 def cpu_runtime() -> Runtime:

@@ -148,7 +148,7 @@ def run_shards(config: dict, dataset: str, out_dir: str | Path) -> dict:
 def run_teacher(config: dict, size: str, seed: int, shards_dir, out_dir, runtime: Runtime | None = None) -> dict:
     """Pretrain the softmax teacher on the teacher dataset (at paper scale: load timm weights instead)."""
     runtime = runtime or cpu_runtime()
-    out_dir, data = _start(out_dir), ShardSet(shards_dir)
+    out_dir, data = _start(out_dir), ShardSet(shards_dir, workers=runtime.workers)
     dataset = get(config, "teacher.dataset")
     spec = _spec(config, "teacher.train")
     fingerprint = _fingerprint(config, ["teacher"], seed, {"step": "teacher", "size": size},
@@ -171,8 +171,8 @@ def _check_teacher(arch: dict, size: str, data: ShardSet, dataset: str, folder) 
                          f"channel(s); dataset {dataset!r} has {list(data.image_size)} with {data.channels}")
 
 
-def _student(dataset, size, variant, seed, teacher_dir, shards_dir):
-    data = ShardSet(shards_dir)
+def _student(dataset, size, variant, seed, teacher_dir, shards_dir, workers: int = 0):
+    data = ShardSet(shards_dir, workers=workers)
     teacher, arch = load_model(teacher_dir, what="teacher")
     _check_teacher(arch, size, data, dataset, teacher_dir)
     torch.manual_seed(seed)
@@ -190,7 +190,8 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, seed: int, 
     """
     runtime = runtime or cpu_runtime()
     out_dir = _start(out_dir)
-    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir)
+    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir,
+                                            runtime.workers)
     teacher, student = teacher.to(runtime.device), student.to(runtime.device)
     spec, loss = _spec(config, "distill.train"), get(config, "distill.loss")
     fingerprint = _fingerprint(config, ["distill", "evaluation.fidelity_samples"], seed,
@@ -220,7 +221,8 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     out_dir = _start(out_dir)
     strategy = init_strategy(config, init)
     spec = _spec(config, "student.train")
-    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir)
+    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir,
+                                            runtime.workers)
     inputs = {"data": data.dir / MANIFEST, "teacher_weights": Path(teacher_dir) / "model.safetensors"}
     same_labels = arch["dataset"] == dataset and arch["num_classes"] == data.num_classes
     copied = copy_groups(student, teacher, strategy["copy"], copy_head=same_labels)

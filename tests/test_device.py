@@ -71,7 +71,8 @@ def errors(err):
 def test_auto_is_the_cpu_in_fp32_eager_here():
     assert not torch.cuda.is_available()  # this suite runs on a machine without CUDA
     rt = runtime({})
-    assert rt == Runtime(CPU, "fp32", None) == runtime({"runtime": {"device": "auto", "precision": "auto"}})
+    assert rt == Runtime(CPU, "fp32", None, 0) == runtime({"runtime": {"device": "auto", "precision": "auto",
+                                                                       "workers": "auto"}})
     assert rt.dtype == torch.float32 and rt.scaler() is None
     x, y = torch.randn(2, 3), torch.arange(2)
     assert all(a is b for a, b in zip(rt.batch(x, y), (x, y)))  # no copy, no pinning on the CPU
@@ -87,6 +88,7 @@ def test_auto_on_a_cuda_machine_is_cuda_in_bf16_with_tf32(monkeypatch):
         rt = runtime({"runtime": {"device": "cpu"}}, device="auto")
         assert rt.device == torch.device("cuda") and rt.precision == "bf16" and rt.dtype == torch.bfloat16
         assert (matmul.fp32_precision, conv.fp32_precision) == ("tf32", "tf32")
+        assert rt.workers == torch.get_num_threads()  # decoding threads from the job's CPUs
     finally:
         matmul.fp32_precision, conv.fp32_precision = before
     assert runtime({"runtime": {"device": "cuda:1", "precision": "fp32"}}).device == torch.device("cuda:1")
@@ -105,7 +107,8 @@ def test_auto_on_a_cuda_machine_is_cuda_in_bf16_with_tf32(monkeypatch):
                                  r"bf16, fp16$"),
     ({"compile": "nope"}, None, r"^config key runtime.compile: unknown torch.compile backend 'nope'; known: true, "
                                 r"false, .*aot_eager"),
-    ({"workers": 2}, None, r"^config key runtime: unknown setting\(s\) \['workers'\]"),
+    ({"dtype": "bf16"}, None, r"^config key runtime: unknown setting\(s\) \['dtype'\]"),
+    ({"workers": -1}, None, r"^config key runtime.workers: -1 is not auto or a whole number of threads from 0$"),
 ])
 def test_a_bad_runtime_is_one_line(rt, flag, message):
     with pytest.raises(ValueError, match=message) as err:
@@ -114,7 +117,10 @@ def test_a_bad_runtime_is_one_line(rt, flag, message):
 
 
 def test_the_schema_checks_the_runtime_section():
-    validate(changed(runtime={"device": "cuda:1", "precision": "bf16", "compile": "aot_eager"}))
+    validate(changed(runtime={"device": "cuda:1", "precision": "bf16", "compile": "aot_eager", "workers": 4}))
+    validate(changed(runtime={"device": "auto", "precision": "auto", "compile": False, "workers": "auto"}))
+    with pytest.raises(ConfigError, match=r"^config key runtime.workers: 'many' is not valid"):
+        validate(changed(runtime={"workers": "many"}))
     with pytest.raises(ConfigError, match=r"^config key runtime.device: 'tpu' does not match"):
         validate(changed(runtime={"device": "tpu"}))
     with pytest.raises(ConfigError, match=r"^config key runtime.precision: 'fp64' is not one of"):
@@ -309,3 +315,27 @@ def test_a_compiled_student_trains_to_the_eager_loss(variant, backend, shards, t
 def test_compile_true_means_inductor():
     assert device.resolve_compile(True) == "inductor" and device.resolve_compile(False) is None
     assert device.resolve_compile("aot_eager") == "aot_eager"
+
+
+# ----------------------------------------------------------------------------- loader threads
+
+
+def test_decoding_threads_give_exactly_the_same_batches(shards):
+    from linvit.data.loader import ShardSet
+
+    plain, threaded = ShardSet(shards), ShardSet(shards, workers=2)
+    for kw in [dict(seed=3, epoch=1, shuffle=True, drop_last=True, skip_batches=1),
+               dict(limit=40), dict(shuffle=False)]:  # 64 samples in batches of 24: a partial last batch too
+        a = list(plain.batches("train", 24, **kw))
+        b = list(threaded.batches("train", 24, **kw))
+        assert len(a) == len(b) > 0
+        assert all(torch.equal(x1, x2) and torch.equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b))
+
+
+def test_a_run_with_decoding_threads_ends_as_one_without(shards, tmp_path):
+    plain = steps.run_teacher(config(), "micro", 0, shards, tmp_path / "plain")
+    threaded = steps.run_teacher(config(), "micro", 0, shards, tmp_path / "threaded",
+                                 runtime=Runtime(CPU, "fp32", None, 2))
+    assert plain["final_loss"] == threaded["final_loss"] and plain["test_acc"] == threaded["test_acc"]
+    a, b = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "threaded" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -2,6 +2,9 @@
 
 Single process on purpose: the same (seed, epoch) gives exactly the same batches, and a run
 resumed mid-epoch (``skip_batches``) sees exactly the batches the uninterrupted run would have.
+(webdataset's multi-process loading splits the shards between workers and interleaves their
+output, which would change the order.) ``workers`` > 0 decodes each batch's images in that many
+threads instead, in order: the same samples in the same order, so the same batches.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import hashlib
 import io
 import json
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -30,8 +34,10 @@ _REQUIRED_KEYS = ("classes", "num_classes", "image_size", "channels", "mean", "s
 class ShardSet:
     """One dataset's shard directory: its manifest, and batches read from its shards."""
 
-    def __init__(self, shard_dir: str | Path, *, verify: bool = True, shuffle_buffer: int = 10000):
+    def __init__(self, shard_dir: str | Path, *, verify: bool = True, shuffle_buffer: int = 10000,
+                 workers: int = 0):
         self.dir = Path(shard_dir)
+        self.workers = workers  # decoding threads per batch; 0: decode in the pipeline, one by one
         self.info = _read_manifest(self.dir / MANIFEST)
         self.classes: list[str] = list(self.info["classes"])
         self.num_classes: int = int(self.info["num_classes"])
@@ -82,9 +88,15 @@ class ShardSet:
             stages.append(wds.shuffle(self.shuffle_buffer, initial=self.shuffle_buffer,
                                       rng=random.Random(f"{seed}:{epoch}:samples")))
         # Skip and limit on the undecoded stream: cheap, and the same samples as slicing the batches.
-        stages += [wds.slice(skip_batches * batch_size, limit),
-                   wds.map(self._decode),
-                   wds.batched(batch_size, collation_fn=self._collate, partial=not drop_last)]
+        stages.append(wds.slice(skip_batches * batch_size, limit))
+        if self.workers > 0:
+            # Group the undecoded samples, then decode each group in threads; map keeps the order.
+            pool = ThreadPoolExecutor(self.workers, thread_name_prefix="linvit-decode")
+            decode = lambda raw: self._collate(list(pool.map(self._decode, raw)))
+            stages.append(wds.batched(batch_size, collation_fn=decode, partial=not drop_last))
+        else:
+            stages += [wds.map(self._decode),
+                       wds.batched(batch_size, collation_fn=self._collate, partial=not drop_last)]
         return iter(wds.DataPipeline(*stages))
 
     def fixed_batch(self, split: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -252,3 +252,49 @@ def test_smoke_grid_runs_through_sbatch(slurm_cluster, tmp_path):
     assert not (set(r for _, r in submitted) & LOCAL_RULES)  # shards and report ran here
     readme = (tmp_path / "report/README.md").read_text()
     assert "C1" in readme and "C3" in readme
+
+
+@pytest.mark.slurm
+def test_a_job_slurm_kills_is_resubmitted_and_resumes(slurm_cluster, tmp_path):
+    """scancel a training job once it has checkpointed: Snakemake resubmits it (attempt 2, with twice
+    the memory and runtime) and the training resumes from its checkpoint/, which Snakemake left."""
+    config = dict(SMOKE, targets=["synthetic"], inits=["random"])
+    config["teacher"] = dict(SMOKE["teacher"], train=dict(SMOKE["teacher"]["train"], steps=300,
+                                                          checkpoint_every=20, eval_every=0))
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
+    os.symlink(REPO / "slurm", tmp_path / "slurm")
+    teacher = tmp_path / "results/teacher/micro"
+    with open(tmp_path / "snakemake.out", "w") as sink:
+        proc = subprocess.Popen(["snakemake", "--profile", "slurm", "-s", SNAKEFILE, "--configfile", "grid.yaml",
+                                 "--slurm-init-seconds-before-status-checks", "2", "--retries", "1",
+                                 "results/teacher/micro/model.json"],
+                                cwd=tmp_path, env=profile_env(**NO_ACCOUNTING), stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            # LATEST points at a complete checkpoint (linvit.train.Checkpoints writes it last).
+            while not (teacher / "checkpoint/LATEST").exists() and time.monotonic() < deadline:
+                assert proc.poll() is None, (tmp_path / "snakemake.out").read_text()[-3000:]
+                time.sleep(0.5)
+            running = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i %k"],
+                                     capture_output=True, text=True).stdout.split("\n")
+            killed = [line.split()[0] for line in running if "rule_teacher" in line]
+            assert len(killed) == 1, (running, (tmp_path / "snakemake.out").read_text()[-3000:])
+            subprocess.run(["scancel", killed[0]], check=True)
+            proc.wait(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    out = (tmp_path / "snakemake.out").read_text()
+    assert proc.returncode == 0, out[-4000:]
+    show = subprocess.run(["scontrol", "show", "job", killed[0]], capture_output=True, text=True).stdout
+    assert "JobState=CANCELLED" in show, show
+    jobs = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_teacher/", out)
+    assert len(jobs) == 2 and jobs[0] == killed[0], out[-3000:]
+    assert re.search(r"mem_mb=8000\b.*runtime=120\b|runtime=120\b.*mem_mb=8000\b", out), out[-3000:]  # attempt 2
+    log = (tmp_path / "results/logs/teacher/micro.log").read_text()
+    resumed = re.search(r"^teacher micro\S*: resuming from step (\d+)$", log, re.M)
+    assert resumed, log[:3000]
+    step = int(resumed.group(1))
+    assert 0 < step < 300, log  # a checkpoint every 20 steps and at each epoch's end (6 steps)
+    assert "step 300/300" in log
+    assert (teacher / "model.safetensors").exists()

@@ -51,7 +51,7 @@ def test_profile_resolves_from_the_project_root():
 def test_dry_run_shows_each_rules_sbatch_resources(tmp_path):
     """The default grid through the profile, as a dry run (from the project root, as the README says):
     every non-local job with its threads, mem_mb, runtime and gpu; nothing submitted."""
-    proc = subprocess.run(["snakemake", "--profile", "slurm", "-n", "--cores", "64", "--directory", str(tmp_path)],
+    proc = subprocess.run(["snakemake", "--profile", "slurm", "-n", "--directory", str(tmp_path)],
                           cwd=REPO, env=profile_env(**NO_ACCOUNTING),
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

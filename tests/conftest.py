@@ -21,3 +21,18 @@ def run(cmd, cwd, check=True, **kw):
 @pytest.fixture(scope="session")
 def repo():
     return REPO
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    """One torch thread (the machine is shared) and a fixed git revision (commits landing mid-test
+    must not change the code version between a stopped run and its rerun)."""
+    import torch
+
+    import linvit.io as lio
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setattr(lio, "git_revision", lambda: "test-revision")
+    yield
+    torch.set_num_threads(threads)

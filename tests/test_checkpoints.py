@@ -43,14 +43,8 @@ def shards(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def quiet_machine(monkeypatch):
-    # One thread: the machine is shared. A fixed revision: commits landing mid-test must not
-    # change the code version between a stopped run and its rerun.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    monkeypatch.setattr(lio, "git_revision", lambda: "test-revision")
+def _quiet(quiet_machine):
     yield
-    torch.set_num_threads(threads)
 
 
 class Stop(Exception):

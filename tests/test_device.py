@@ -47,12 +47,8 @@ def shards(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def quiet_machine(monkeypatch):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    monkeypatch.setattr(lio, "git_revision", lambda: "test-revision")
+def _quiet(quiet_machine):
     yield
-    torch.set_num_threads(threads)
 
 
 def cli_run(args, capsys):

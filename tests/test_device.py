@@ -11,7 +11,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import linvit.io as lio
 from linvit import cli, device, steps
 from linvit import train as train_mod
 from linvit.config import ConfigError, validate

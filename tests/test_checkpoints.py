@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from timm.models.vision_transformer import VisionTransformer
 
+import linvit.io as lio
 from linvit import cli, steps
 from linvit import train as train_mod
 from linvit.grid import MODEL_FILES

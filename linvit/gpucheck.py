@@ -1,0 +1,302 @@
+"""Check the GPU paths on a machine with a GPU: train every operator briefly, then time the operators.
+
+Run on the GPU machine, from the repository root with the package's environment active:
+
+    python -m linvit.gpucheck
+
+It takes about 1-3 minutes on one recent GPU (12 operators; well under 5), minutes to tens of
+minutes on a CPU at the defaults (use `--size micro` there). It does two things on one device:
+
+1. Training. For every registered operator (softmax included, or those of `--variants`): a ViT of
+   `--size` (default deit_tiny, 224 px, 3 channels, 1000 classes) trained with AdamW on seeded
+   random images and random labels, the forward under the runtime's autocast (bf16 on CUDA by
+   default; fp16 with a GradScaler). `--warmup` untimed steps, then `--steps` timed ones.
+2. The operator benchmark (`linvit.benchmark.time_operator`: forward+backward of the token mixing,
+   fp32 eager, median of repeats) at `--tokens` (default 256 to 16,384), beside softmax (SDPA), with
+   the heads and head width of `--size`.
+
+It writes two CSVs into `--out` (default results/gpucheck), named after the device, with `<slug>`
+the CUDA device name lowercased with every other character as `_` (nvidia_h200), or `cpu`:
+
+train_<slug>.csv, one row per operator:
+    variant, size, img_size, batch, steps, warmup, device (name), precision (fp32, bf16, fp16),
+    params_m (millions), images_per_s (timed steps only, CUDA synchronized before reading the clock),
+    step_ms, peak_mem_mib, peak_mem_kind, first_loss, last_loss, losses_finite (every step's loss,
+    warm-up included), error (empty, or the one-line error that stopped this operator), torch.
+    peak_mem_kind says what peak_mem_mib is: `cuda_max_allocated` (torch.cuda.max_memory_allocated
+    since just before this operator's model was built) or, on the CPU, `process_peak_rss` (the
+    process's peak resident memory so far; it never goes down, so it bounds this operator's from
+    above and does not isolate it).
+
+attention_<slug>.csv, one row per (tokens, operator); softmax is always included as the reference:
+    variant, tokens, size, batch, heads, head_dim, scope, device, precision (`fp32`, or
+    `fp32+tf32` on CUDA, where linvit.device turns on TF32 matmuls), ms (forward+backward),
+    speedup_vs_softmax (softmax's ms / this ms at the same tokens), peak_mem_mib (CUDA only; empty on
+    the CPU), error, torch.
+
+It prints both as tables on stdout and one progress line per operator on stderr. Exit status: 0,
+1 when an operator failed or a loss was not finite (the CSVs are still written, the failure in its
+row's `error`, the other operators run), 2 for a bad option (one line: `gpucheck: <why>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import re
+import resource
+import sys
+import time
+
+import torch
+
+from .attention import attention_class, available_variants
+from .benchmark import time_operator
+from .device import Runtime, runtime
+from .io import atomic_path
+from .registry import SOFTMAX
+from .sizes import INPUTS, SIZES, size_spec
+
+DEFAULT_TOKENS = (256, 1024, 4096, 16384)
+MIB = 2 ** 20
+
+
+def device_name(rt: Runtime) -> str:
+    return torch.cuda.get_device_name(rt.device) if rt.cuda else "cpu"
+
+
+def device_slug(rt: Runtime) -> str:
+    return re.sub(r"[^a-z0-9]", "_", device_name(rt).lower()) if rt.cuda else "cpu"
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def _reset_peak(rt: Runtime) -> None:
+    if rt.cuda:
+        torch.cuda.synchronize(rt.device)
+        torch.cuda.reset_peak_memory_stats(rt.device)
+
+
+def _peak_mib(rt: Runtime) -> float:
+    if rt.cuda:
+        return torch.cuda.max_memory_allocated(rt.device) / MIB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _free(rt: Runtime) -> None:
+    # After an OOM the cached blocks of the failed operator must go before the next one starts.
+    gc.collect()
+    if rt.cuda:
+        torch.cuda.empty_cache()
+
+
+def train_operator(variant: str, rt: Runtime, *, size: str, img_size: int, in_chans: int,
+                   num_classes: int, batch: int, steps: int, warmup: int, seed: int = 0) -> dict:
+    """Images/s, peak memory and losses of a short AdamW run of one operator on random data."""
+    from .models import build_vit
+
+    _reset_peak(rt)
+    torch.manual_seed(seed)
+    model = build_vit(size, num_classes=num_classes, img_size=img_size, in_chans=in_chans,
+                      variant=variant).to(rt.device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-4, weight_decay=0.05)
+    scaler = rt.scaler()
+    # Two fixed batches, made on the CPU from a seeded generator and moved once through the
+    # runtime's pinned copy: making a 224 px batch per step on the CPU would be timed as training.
+    gen = torch.Generator().manual_seed(seed)
+    data = [rt.batch(torch.randn(batch, in_chans, img_size, img_size, generator=gen),
+                     torch.randint(0, num_classes, (batch,), generator=gen)) for _ in range(2)]
+    losses = []
+
+    def step(i):
+        x, y = data[i % len(data)]
+        opt.zero_grad(set_to_none=True)
+        with rt.autocast():
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        losses.append(loss.detach())  # read after the clock: .item() per step would sync each step
+
+    for i in range(warmup):
+        step(i)
+    sync = (lambda: torch.cuda.synchronize(rt.device)) if rt.cuda else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for i in range(warmup, warmup + steps):
+        step(i)
+    sync()
+    seconds = time.perf_counter() - start
+    values = torch.stack(losses).float().cpu().tolist()
+    return {"params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+            "images_per_s": batch * steps / seconds, "step_ms": seconds / steps * 1e3,
+            "peak_mem_mib": _peak_mib(rt), "first_loss": values[0], "last_loss": values[-1],
+            "losses_finite": all(math.isfinite(v) for v in values)}
+
+
+def train_all(variants, rt: Runtime, *, size, img_size, in_chans, num_classes, batch, steps, warmup):
+    import pandas as pd
+
+    rows = []
+    common = {"size": size, "img_size": img_size, "batch": batch, "steps": steps, "warmup": warmup,
+              "device": device_name(rt), "precision": rt.precision}
+    kind = "cuda_max_allocated" if rt.cuda else "process_peak_rss"
+    for v in variants:
+        row = {"variant": v, **common, "params_m": math.nan, "images_per_s": math.nan,
+               "step_ms": math.nan, "peak_mem_mib": math.nan, "peak_mem_kind": kind,
+               "first_loss": math.nan, "last_loss": math.nan, "losses_finite": False, "error": ""}
+        try:
+            row.update(train_operator(v, rt, size=size, img_size=img_size, in_chans=in_chans,
+                                      num_classes=num_classes, batch=batch, steps=steps, warmup=warmup))
+        except Exception as err:  # noqa: BLE001 - one operator's failure (OOM, a kernel) is its row's
+            row["error"] = _one_line(err)
+        _free(rt)
+        row["torch"] = torch.__version__
+        rows.append(row)
+        done = (f"{row['images_per_s']:9.1f} img/s, peak {row['peak_mem_mib']:8.0f} MiB, loss "
+                f"{row['first_loss']:.3f} -> {row['last_loss']:.3f}" if not row["error"] else row["error"])
+        print(f"gpucheck: train {v:>10}: {done}", file=sys.stderr, flush=True)
+    return pd.DataFrame(rows)
+
+
+def benchmark_all(variants, rt: Runtime, tokens, *, size: str):
+    """linvit.benchmark's timing per (tokens, operator), each failure kept in its row (run_benchmark
+    stops at the first), with the heads and head width of `size`."""
+    import pandas as pd
+
+    spec = size_spec(size)
+    heads, head_dim = spec["num_heads"], spec["embed_dim"] // spec["num_heads"]
+    shape = {"batch": 2, "heads": heads, "head_dim": head_dim, "scope": "core"}
+    variants = [SOFTMAX] + [v for v in variants if v != SOFTMAX]  # the reference, first
+    tf32 = rt.cuda and torch.backends.cuda.matmul.fp32_precision == "tf32"
+    rows = []
+    for n in tokens:
+        for v in variants:
+            row = {"variant": v, "tokens": n, "size": size, **shape, "device": device_name(rt),
+                   "precision": "fp32+tf32" if tf32 else "fp32", "ms": math.nan, "peak_mem_mib": math.nan,
+                   "error": ""}
+            _reset_peak(rt)
+            try:
+                row["ms"] = time_operator(v, n, device=rt.device, **shape) * 1e3
+                if rt.cuda:
+                    row["peak_mem_mib"] = _peak_mib(rt)
+            except Exception as err:  # noqa: BLE001 - recorded; the other operators still run
+                row["error"] = _one_line(err)
+            _free(rt)
+            row["torch"] = torch.__version__
+            rows.append(row)
+            done = f"{row['ms']:9.2f} ms" if not row["error"] else row["error"]
+            print(f"gpucheck: attention {v:>10} N={n:>6}: {done}", file=sys.stderr, flush=True)
+    df = pd.DataFrame(rows)
+    ref = df[df.variant == SOFTMAX].set_index("tokens")["ms"]
+    df.insert(df.columns.get_loc("ms") + 1, "speedup_vs_softmax", [ref.get(n, math.nan) / ms
+                                                                  for n, ms in zip(df.tokens, df.ms)])
+    return df
+
+
+def _table(df) -> str:
+    try:
+        import tabulate  # noqa: F401 - pandas' to_markdown needs it
+
+        return df.to_markdown(index=False)
+    except ImportError:
+        return df.to_string(index=False)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a whole number from 1")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a whole number from 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m linvit.gpucheck",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto",
+                   help="auto (default: CUDA when available, else CPU), cpu, cuda or cuda:N")
+    p.add_argument("--precision", default="auto", help="training autocast: auto (default: bf16 on CUDA, fp32 "
+                                                       "on CPU), bf16, fp16 (with a GradScaler) or fp32")
+    p.add_argument("--size", default="deit_tiny", help=f"model size (default: deit_tiny): {', '.join(SIZES)}")
+    p.add_argument("--steps", type=_positive, default=10, help="timed training steps per operator (default: 10)")
+    p.add_argument("--warmup", type=_non_negative, default=3, help="untimed training steps first (default: 3)")
+    p.add_argument("--batch", type=_positive, default=64, help="training batch (default: 64)")
+    p.add_argument("--img-size", type=_positive, default=None,
+                   help="training image side (default: the size's own, 224 for deit_*)")
+    p.add_argument("--variants", nargs="+", default=None, help="operators (default: every registered one)")
+    p.add_argument("--tokens", nargs="+", type=_positive, default=list(DEFAULT_TOKENS),
+                   help="square token counts of the operator benchmark (default: 256 1024 4096 16384)")
+    p.add_argument("--out", default="results/gpucheck", help="folder of the two CSVs (default: results/gpucheck)")
+    return p
+
+
+def main(argv=None) -> int:
+    from pathlib import Path
+
+    args = build_parser().parse_args(argv)
+    try:
+        # Every option is checked before any compute, so a mistake costs no GPU time.
+        rt = runtime({"runtime": {"precision": args.precision}}, device=args.device)
+        size_spec(args.size)
+        variants = list(dict.fromkeys(args.variants or available_variants()))
+        for v in variants:
+            attention_class(v)
+        for n in args.tokens:
+            if math.isqrt(n) ** 2 != n:
+                raise ValueError(f"--tokens: benchmark token counts must be square patch grids; {n} is not")
+    except ValueError as err:
+        print(f"gpucheck: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    inputs = INPUTS[args.size]
+    img_size = args.img_size or inputs["img_size"]
+    print(f"gpucheck: {device_name(rt)} ({rt.device}), training in {rt.precision}, torch {torch.__version__}",
+          file=sys.stderr, flush=True)
+
+    train = train_all(variants, rt, size=args.size, img_size=img_size, in_chans=inputs["in_chans"],
+                      num_classes=inputs["num_classes"], batch=args.batch, steps=args.steps, warmup=args.warmup)
+    attention = benchmark_all(variants, rt, args.tokens, size=args.size)
+
+    out, slug = Path(args.out), device_slug(rt)
+    paths = out / f"train_{slug}.csv", out / f"attention_{slug}.csv"
+    for df, path in zip((train, attention), paths):
+        with atomic_path(path) as tmp:
+            df.to_csv(tmp, index=False)
+
+    shown = ["variant", "images_per_s", "step_ms", "peak_mem_mib", "first_loss", "last_loss", "losses_finite",
+             "error"]
+    print(f"training: {args.size}, {img_size} px, batch {args.batch}, {rt.precision}, {args.steps} timed steps "
+          f"after {args.warmup}, on {device_name(rt)}; peak_mem_mib is {train.peak_mem_kind.iloc[0]}")
+    print(_table(train[shown].round({"images_per_s": 1, "step_ms": 2, "peak_mem_mib": 0, "first_loss": 4,
+                                     "last_loss": 4})))
+    print(f"\nattention core forward+backward ms (fp32 eager, batch {attention.batch.iloc[0]}, "
+          f"{attention.heads.iloc[0]} heads of {attention.head_dim.iloc[0]}), speedup over softmax at the same tokens:")
+    ms = attention.pivot(index="variant", columns="tokens", values="ms").loc[attention.variant.unique()]
+    speed = attention.pivot(index="variant", columns="tokens", values="speedup_vs_softmax").loc[ms.index]
+    table = ms.map(lambda x: f"{x:.4g}" if x < 1e4 else f"{x:.0f}") + speed.map(lambda x: f" ({x:.2g}x)")
+    table.columns = [f"N={n}" for n in table.columns]
+    print(_table(table.reset_index()))
+    failed = attention[attention.error != ""]
+    for row in failed.itertuples():
+        print(f"attention {row.variant} N={row.tokens}: {row.error}")
+    print("\n" + "\n".join(f"wrote {p}" for p in paths))
+    bad = (train.error != "").any() or not train.losses_finite.all() or len(failed)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The GPU check (python -m linvit.gpucheck) runs end to end on the CPU at a tiny size, writes its two
+CSVs named after the device, keeps one operator's failure in its row, and reports bad options in one line."""
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+import linvit.gpucheck as gpucheck
+import linvit.models
+
+def read(path):
+    """A CSV as written, with an empty error cell as "" (pandas reads it as NaN)."""
+    df = pd.read_csv(path)
+    return df.assign(error=df.error.astype(object).fillna(""))
+
+
+SMALL = ["--device", "cpu", "--size", "micro", "--steps", "2", "--warmup", "1", "--batch", "4",
+         "--tokens", "64", "144", "--variants", "softmax", "elu"]  # benchmark token counts are square
+
+
+def test_cpu_run_writes_train_and_attention_csvs(tmp_path, quiet_machine, capsys):
+    assert gpucheck.main(SMALL + ["--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    train = read(tmp_path / "train_cpu.csv")
+    attention = read(tmp_path / "attention_cpu.csv")
+    assert sorted(train.variant) == ["elu", "softmax"]
+    assert (train.error == "").all() and train.losses_finite.all() and (train.images_per_s > 0).all()
+    assert all(math.isfinite(v) for v in [*train.first_loss, *train.last_loss])
+    assert (train.device == "cpu").all() and (train.precision == "fp32").all() and (train.batch == 4).all()
+    assert (train["size"] == "micro").all() and (train.peak_mem_kind == "process_peak_rss").all()
+    assert sorted(zip(attention.variant, attention.tokens)) == [
+        ("elu", 64), ("elu", 144), ("softmax", 64), ("softmax", 144)]
+    assert (attention.ms > 0).all() and (attention.error == "").all()
+    assert (attention[attention.variant == "softmax"].speedup_vs_softmax == 1).all()
+    assert "| elu" in out and "N=144" in out and "train_cpu.csv" in out
+    assert "gpucheck: train        elu:" in err and "gpucheck: attention        elu N=   144:" in err
+
+
+def test_a_failing_operator_is_kept_in_its_row(tmp_path, quiet_machine, monkeypatch, capsys):
+    build, time_op = linvit.models.build_vit, gpucheck.time_operator
+
+    def build_vit(size, variant="softmax", **kw):
+        if variant == "elu":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+        return build(size, variant=variant, **kw)
+
+    def time_operator(variant, tokens, **kw):
+        if variant == "elu" and tokens == 144:
+            raise RuntimeError("kernel failed")
+        return time_op(variant, tokens, **kw)
+
+    monkeypatch.setattr(linvit.models, "build_vit", build_vit)
+    monkeypatch.setattr(gpucheck, "time_operator", time_operator)
+    assert gpucheck.main(SMALL + ["--steps", "1", "--out", str(tmp_path)]) == 1
+    train = read(tmp_path / "train_cpu.csv").set_index("variant")
+    assert train.loc["elu", "error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert train.loc["softmax", "error"] == "" and train.loc["softmax", "images_per_s"] > 0
+    attention = read(tmp_path / "attention_cpu.csv")
+    errors = dict(zip(zip(attention.variant, attention.tokens), attention.error))
+    assert errors == {("softmax", 64): "", ("elu", 64): "", ("softmax", 144): "",
+                      ("elu", 144): "RuntimeError: kernel failed"}
+    assert "attention elu N=144: RuntimeError: kernel failed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, says", [
+    pytest.param(["--device", "cuda"], "--device: device 'cuda' requested but torch.cuda.is_available() is False",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+    (["--variants", "softmax", "nope"], "unknown attention variant 'nope'; known variants: "),
+    (["--size", "huge"], "unknown model size 'huge'"),
+    (["--tokens", "128"], "--tokens: benchmark token counts must be square patch grids; 128 is not"),
+])
+def test_a_bad_option_is_one_line_and_exit_2(tmp_path, capsys, argv, says):
+    assert gpucheck.main(argv + ["--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"gpucheck: {says}") and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())  # nothing computed, nothing written

@@ -26,6 +26,12 @@ def _runtime(args, config: dict | None = None):
     return runtime(config, getattr(args, "device", None))
 
 
+def _say(runtime, text: str) -> None:
+    """A command's closing line, printed once per job (by torchrun's rank 0)."""
+    if runtime.world.main:
+        print(text)
+
+
 def _threads(args) -> None:
     import torch
 
@@ -53,26 +59,29 @@ def cmd_teacher(args):
     from .steps import run_teacher
 
     config = _config(args)
-    m = run_teacher(config, args.size, args.seed, args.shards, args.out, runtime=_runtime(args, config))
-    print(f"teacher {args.size} seed {args.seed}: test accuracy {m['test_acc']:.4f} after {m['steps']} steps")
+    rt = _runtime(args, config)
+    m = run_teacher(config, args.size, args.seed, args.shards, args.out, runtime=rt)
+    _say(rt, f"teacher {args.size} seed {args.seed}: test accuracy {m['test_acc']:.4f} after {m['steps']} steps")
 
 
 def cmd_distill(args):
     from .steps import run_distill
 
     config = _config(args)
+    rt = _runtime(args, config)
     m = run_distill(config, args.dataset, args.size, args.variant, args.seed, args.teacher,
-                    args.shards, args.out, runtime=_runtime(args, config))
-    print(f"distilled {args.variant}: {m['loss']} loss {m['distill_loss']:.5f} on the probe batch")
+                    args.shards, args.out, runtime=rt)
+    _say(rt, f"distilled {args.variant}: {m['loss']} loss {m['distill_loss']:.5f} on the probe batch")
 
 
 def cmd_student(args):
     from .steps import run_student
 
     config = _config(args)
+    rt = _runtime(args, config)
     m = run_student(config, args.dataset, args.size, args.variant, args.init, args.seed, args.teacher,
-                    args.shards, args.out, distilled_dir=args.distilled, runtime=_runtime(args, config))
-    print(f"{args.dataset}/{args.size}/{args.variant}/{args.init}/seed{args.seed}: "
+                    args.shards, args.out, distilled_dir=args.distilled, runtime=rt)
+    _say(rt, f"{args.dataset}/{args.size}/{args.variant}/{args.init}/seed{args.seed}: "
           f"test accuracy {m['test_acc']:.4f} after {m['steps']} steps")
 
 
@@ -203,6 +212,11 @@ def main(argv=None) -> int:
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"linvit: error: {msg}", file=sys.stderr)
         return 1
+    finally:
+        if "torch" in sys.modules:  # only a computing command can have joined a torchrun group
+            from .distributed import shutdown
+
+            shutdown()
     return 0
 
 

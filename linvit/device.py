@@ -11,6 +11,9 @@ the same object, so the models, the batches, evaluation and the benchmark agree 
     workers    auto (the job's torch threads on CUDA, 0 on the CPU) | N: threads decoding each batch
                (in order, so the batches stay exactly the same; 0 decodes in the loop's own thread)
 
+Under torchrun (WORLD_SIZE > 1) the runtime also holds the job's `linvit.distributed.World`, and
+`cuda`/`auto` mean this process's GPU, cuda:LOCAL_RANK.
+
 A bad value is a ValueError in one line naming the key or flag, raised before any compute.
 """
 
@@ -21,6 +24,8 @@ import re
 from dataclasses import dataclass
 
 import torch
+
+from .distributed import World
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -33,6 +38,7 @@ class Runtime:
     precision: str               # resolved: fp32, bf16 or fp16
     compile: str | None = None   # a torch.compile backend, None for eager
     workers: int = 0             # decoding threads of the loader (linvit.data.loader.ShardSet)
+    world: World = World()       # the ranks of a torchrun job (one process without torchrun)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -59,7 +65,9 @@ class Runtime:
         overlaps the work already queued; on the CPU they are returned as they are."""
         if not self.cuda:
             return tensors
-        return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in tensors)
+        # The loader pins its batches when told to (ShardSet(pin_memory=True)); pin here otherwise.
+        return tuple((t if t.is_pinned() else t.pin_memory()).to(self.device, non_blocking=True)
+                     for t in tensors)
 
     def describe(self) -> dict:
         """What results record next to a figure measured under this runtime (eval.json)."""
@@ -140,12 +148,19 @@ def runtime(config: dict | None = None, device: str | None = None) -> Runtime:
     precision = resolve_precision(section.get("precision"), dev, "config key runtime.precision")
     backend = resolve_compile(section.get("compile"), "config key runtime.compile")
     workers = resolve_workers(section.get("workers"), dev, "config key runtime.workers")
+    # Joined only once every setting is known to be good: a bad value fails before any rank waits.
+    world = World.from_env(dev.type)
+    if world.parallel and dev.type == "cuda":
+        if dev.index is not None and dev.index != world.local_rank:
+            raise ValueError(f"{where}: {device!r} names one GPU, but this is one of {world.size} torchrun "
+                             f"processes, each on its own GPU (cuda:LOCAL_RANK): give cuda or auto")
+        dev = resolve_device(f"cuda:{world.local_rank}", f"{where} (torchrun LOCAL_RANK)")
     if dev.type == "cuda":
         # TF32 tensor cores for the fp32 matmuls left outside autocast (10 mantissa bits, as bf16 has 7).
         # torch's new TF32 API only: mixing it with the legacy allow_tf32 flags is an error in torch 2.14.
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         torch.backends.cudnn.conv.fp32_precision = "tf32"
-    return Runtime(dev, precision, backend, workers)
+    return Runtime(dev, precision, backend, workers, world)
 
 
 def cpu_runtime() -> Runtime:

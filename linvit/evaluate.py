@@ -21,16 +21,19 @@ from .transfer import group_sizes
 def accuracy(model: nn.Module, data, split: str = "test", *, batch_size: int = 256,
              limit: int | None = None, runtime: Runtime | None = None) -> dict:
     """Top-1 accuracy on (the first `limit` samples of) a split, in eval mode, on the model's device
-    (under the caller's autocast context, if any)."""
+    (under the caller's autocast context, if any). Under torchrun each rank counts its share of every
+    batch and the counts are summed, so every rank returns the accuracy on the whole split."""
     runtime = runtime or cpu_runtime()
+    world = runtime.world
     was_training = model.training
     model.eval()
     correct = total = 0
-    for x, y in data.batches(split, batch_size, limit=limit):
+    for x, y in data.batches(split, batch_size, limit=limit, rank=world.rank, ranks=world.size):
         x, y = runtime.batch(x, y)
         correct += (model(x).argmax(dim=-1) == y).sum().item()
         total += y.numel()
     model.train(was_training)
+    correct, total = (int(v) for v in world.sum(correct, total))
     return {"test_acc": correct / max(total, 1), "samples": total}
 
 

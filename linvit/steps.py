@@ -88,13 +88,22 @@ def _spec(config: dict, key: str) -> TrainSpec:
     return TrainSpec.from_dict(get(config, key), key)
 
 
-def _start(out_dir) -> Path:
-    """A step's output folder, without the temporary files an earlier, killed run left in it."""
+def _start(out_dir, runtime: Runtime) -> Path:
+    """A step's output folder, without the temporary files an earlier, killed run left in it
+    (cleaned by rank 0 only: another rank could remove a file rank 0 is writing)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir)
-    remove_stale_temps(out_dir / "checkpoint")
+    if runtime.world.main:
+        remove_stale_temps(out_dir)
+        remove_stale_temps(out_dir / "checkpoint")
     return out_dir
+
+
+def _data(shards_dir, runtime: Runtime) -> ShardSet:
+    """The shards, read as the runtime wants: on a GPU, decoded ahead in the background into pinned
+    memory, so the device does not wait; on the CPU, in the loop (its cores are training)."""
+    return ShardSet(shards_dir, workers=runtime.workers, prefetch=2 if runtime.cuda else 0,
+                    pin_memory=runtime.cuda)
 
 
 def _fingerprint(config: dict, keys: list[str], seed: int, job: dict, files: dict[str, Path],
@@ -120,9 +129,12 @@ def _fingerprint(config: dict, keys: list[str], seed: int, job: dict, files: dic
 
 
 def _finish(out_dir: Path, metrics: dict, config: dict, fingerprint: dict, tensors: dict[str, dict],
-            arch: dict | None = None) -> dict:
+            arch: dict | None = None, runtime: Runtime | None = None) -> dict:
     """Write the outputs of a training step: the tensor files, model.json, config.json, then
-    metrics.json last, as the mark of a complete run; then drop the checkpoint."""
+    metrics.json last, as the mark of a complete run; then drop the checkpoint. Under torchrun only
+    rank 0 writes (every rank holds the same weights and metrics)."""
+    if runtime is not None and not runtime.world.main:
+        return metrics
     for name, values in tensors.items():
         write_safetensors(out_dir / name, {k: v.cpu() for k, v in values.items()})
     if arch is not None:
@@ -148,7 +160,7 @@ def run_shards(config: dict, dataset: str, out_dir: str | Path) -> dict:
 def run_teacher(config: dict, size: str, seed: int, shards_dir, out_dir, runtime: Runtime | None = None) -> dict:
     """Pretrain the softmax teacher on the teacher dataset (at paper scale: load timm weights instead)."""
     runtime = runtime or cpu_runtime()
-    out_dir, data = _start(out_dir), ShardSet(shards_dir, workers=runtime.workers)
+    out_dir, data = _start(out_dir, runtime), _data(shards_dir, runtime)
     dataset = get(config, "teacher.dataset")
     spec = _spec(config, "teacher.train")
     fingerprint = _fingerprint(config, ["teacher"], seed, {"step": "teacher", "size": size},
@@ -160,7 +172,7 @@ def run_teacher(config: dict, size: str, seed: int, shards_dir, out_dir, runtime
                   desc=f"teacher {size}", fingerprint=fingerprint, runtime=runtime)
     metrics = {"dataset": dataset, "size": size, "variant": SOFTMAX, "init": "random", "seed": seed, **summary}
     return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": model.state_dict()},
-                   _arch(size, SOFTMAX, data, dataset))
+                   _arch(size, SOFTMAX, data, dataset), runtime)
 
 
 def _check_teacher(arch: dict, size: str, data: ShardSet, dataset: str, folder) -> None:
@@ -171,8 +183,8 @@ def _check_teacher(arch: dict, size: str, data: ShardSet, dataset: str, folder) 
                          f"channel(s); dataset {dataset!r} has {list(data.image_size)} with {data.channels}")
 
 
-def _student(dataset, size, variant, seed, teacher_dir, shards_dir, workers: int = 0):
-    data = ShardSet(shards_dir, workers=workers)
+def _student(dataset, size, variant, seed, teacher_dir, shards_dir, runtime: Runtime):
+    data = _data(shards_dir, runtime)
     teacher, arch = load_model(teacher_dir, what="teacher")
     _check_teacher(arch, size, data, dataset, teacher_dir)
     torch.manual_seed(seed)
@@ -189,9 +201,8 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, seed: int, 
     (default 64, at most the test split).
     """
     runtime = runtime or cpu_runtime()
-    out_dir = _start(out_dir)
-    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir,
-                                            runtime.workers)
+    out_dir = _start(out_dir, runtime)
+    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir, runtime)
     teacher, student = teacher.to(runtime.device), student.to(runtime.device)
     spec, loss = _spec(config, "distill.train"), get(config, "distill.loss")
     fingerprint = _fingerprint(config, ["distill", "evaluation.fidelity_samples"], seed,
@@ -207,7 +218,8 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, seed: int, 
                   fingerprint=fingerprint, runtime=runtime)
     metrics = {"dataset": dataset, "size": size, "variant": variant, "seed": seed, "loss": loss,
                "probe_samples": len(probe), **summary}
-    return _finish(out_dir, metrics, config, fingerprint, {"attention.safetensors": attention_state(student)})
+    return _finish(out_dir, metrics, config, fingerprint, {"attention.safetensors": attention_state(student)},
+                   runtime=runtime)
 
 
 def run_student(config: dict, dataset: str, size: str, variant: str, init: str, seed: int, teacher_dir,
@@ -218,11 +230,10 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     target with the students' budget.
     """
     runtime = runtime or cpu_runtime()
-    out_dir = _start(out_dir)
+    out_dir = _start(out_dir, runtime)
     strategy = init_strategy(config, init)
     spec = _spec(config, "student.train")
-    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir,
-                                            runtime.workers)
+    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir, runtime)
     inputs = {"data": data.dir / MANIFEST, "teacher_weights": Path(teacher_dir) / "model.safetensors"}
     same_labels = arch["dataset"] == dataset and arch["num_classes"] == data.num_classes
     copied = copy_groups(student, teacher, strategy["copy"], copy_head=same_labels)
@@ -240,9 +251,10 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
                                ["student", "init_strategy"], seed,
                                {"step": "student", "dataset": dataset, "size": size, "variant": variant,
                                 "init": init}, inputs, runtime)
-    print(f"student {dataset}/{size}/{variant}/{init}/seed{seed}: copied "
-          + ", ".join(f"{g}={copied[g]}" for g in GROUPS) + (" + distilled attention" if distill else ""),
-          file=sys.stderr)
+    if runtime.world.main:
+        print(f"student {dataset}/{size}/{variant}/{init}/seed{seed}: copied "
+              + ", ".join(f"{g}={copied[g]}" for g in GROUPS) + (" + distilled attention" if distill else ""),
+              file=sys.stderr)
     del teacher  # copied from; the student alone goes to the device
     student = student.to(runtime.device)
     summary = fit(ClassifyTask(student, data, spec, runtime), spec, data, out_dir, seed=seed,
@@ -251,7 +263,7 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
                "copied": copied, "head_copied": same_labels and "head" in strategy["copy"],
                "distill": distill, "test_samples": summary.pop("samples"), **summary}
     return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": student.state_dict()},
-                   _arch(size, variant, data, dataset))
+                   _arch(size, variant, data, dataset), runtime)
 
 
 def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path, runtime: Runtime | None = None) -> dict:

@@ -15,6 +15,11 @@ and every batch go to its device, forward passes run under its autocast context,
 through a GradScaler, and `compile` compiles the model's forward in place (state_dict keys unchanged).
 Checkpoints load onto the CPU (`map_location`) whatever device wrote them; the optimizer then moves
 its state onto its parameters' device, so a run resumes on another device than the one it started on.
+
+Under torchrun the runtime's `World` makes the same loop data-parallel (see linvit.distributed):
+each rank trains on its share of every global batch, gradients and the loss are averaged over the
+ranks before the step, evaluation counts are summed, and only rank 0 writes the log and
+checkpoints. Every rank resumes from the same checkpoint.
 """
 
 from __future__ import annotations
@@ -250,6 +255,16 @@ def publish_log(out_dir: str | Path) -> Path:
     return final
 
 
+class _NoLog:
+    """The log of a rank other than 0: rank 0 writes the one log of the job."""
+
+    def write(self, record: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class _Log:
     """The JSONL log; on resume, the lines after the checkpoint's step are dropped (they get redone).
 
@@ -308,6 +323,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     model must already be on its device (the step moves it there before building the task).
     """
     runtime = runtime or cpu_runtime()
+    world = runtime.world
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if fingerprint is None:  # a caller that says nothing: at least the seed and the spec
@@ -324,6 +340,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     if steps_per_epoch < 1:
         raise ValueError(f"{desc}: batch_size {spec.batch_size} exceeds the "
                          f"{data.num_samples('train')} training samples")
+    world.local_batch(spec.batch_size, desc)  # the global batch must split evenly over the ranks
 
     torch.manual_seed(seed)
     step, elapsed, start_loss = 0, 0.0, None
@@ -351,10 +368,15 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
         step, elapsed, start_loss = meta["step"], meta["elapsed_s"], meta["start_loss"]
-        print(f"{desc}: resuming from step {step}", file=sys.stderr)
-    log = _Log(live_log_path(out_dir), step if resumed is not None else None)
+        if world.main:
+            print(f"{desc}: resuming from step {step}", file=sys.stderr)
+    # The ranks start from equal parameters whatever each built or loaded (they should agree anyway).
+    world.broadcast_module(model)
+    log = _Log(live_log_path(out_dir), step if resumed is not None else None) if world.main else _NoLog()
 
     def checkpoint():
+        if not world.main:
+            return
         state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                  "rng": torch.get_rng_state()}
         if runtime.cuda:
@@ -370,30 +392,30 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
             module.compile(backend=runtime.compile)
     if resumed is None and spec.eval_every:
         _evaluate(task, log, 0, 0, 0.0, final=False, runtime=runtime)  # what the initialization alone gives
-    bar = _progress(spec.steps, step, desc)
+    bar = _progress(spec.steps, step, desc, quiet=not world.main)
     last_loss, started = float("nan"), time.perf_counter() - elapsed
     model.train()
     try:
         while step < spec.steps:
             epoch, skip = divmod(step, steps_per_epoch)
             for x, y in data.batches("train", spec.batch_size, seed=seed, epoch=epoch, shuffle=True,
-                                     drop_last=True, skip_batches=skip):
+                                     drop_last=True, skip_batches=skip, rank=world.rank, ranks=world.size):
                 x, y = runtime.batch(x, y)
+                optimizer.zero_grad(set_to_none=True)
                 with runtime.autocast():
                     loss = task.loss(x, y)
-                value = loss.item()
+                (loss if scaler is None else scaler.scale(loss)).backward()
+                # The mean over the ranks' gradients and losses (the loss itself with one process).
+                value = world.average_gradients([p for _, p in named], loss)
                 if start_loss is None:
                     start_loss = value
-                if diverged(spec, value, start_loss):
+                if diverged(spec, value, start_loss):  # before the step: no update from this batch
                     raise TrainingDiverged(_diverged_message(desc, spec, value, start_loss, step + 1))
-                optimizer.zero_grad(set_to_none=True)
                 if scaler is None:
-                    loss.backward()
                     if spec.clip_grad:
                         nn.utils.clip_grad_norm_([p for _, p in named], spec.clip_grad)
                     optimizer.step()
                 else:
-                    scaler.scale(loss).backward()
                     if spec.clip_grad:
                         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
                         nn.utils.clip_grad_norm_([p for _, p in named], spec.clip_grad)
@@ -447,15 +469,17 @@ class _progress:
     """A tqdm bar on a terminal; otherwise a line every ~10% of the run and at least every
     PROGRESS_SECONDS (for log files: a long run shows life)."""
 
-    def __init__(self, total: int, start: int, desc: str):
+    def __init__(self, total: int, start: int, desc: str, quiet: bool = False):
         self.total, self.desc, self.next_line, self.next_time = total, desc, start, 0.0
-        self.bar = None
-        if sys.stderr.isatty():
+        self.bar, self.quiet = None, quiet
+        if sys.stderr.isatty() and not quiet:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=start, desc=desc, dynamic_ncols=True)
 
     def update(self, step: int, loss: float) -> None:
+        if self.quiet:
+            return
         if self.bar is not None:
             self.bar.n = step
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)

@@ -377,3 +377,50 @@ def test_stale_temporary_files_of_a_killed_writer_are_removed(tmp_path):
     write_shards("synth", dict(SYNTH, train_samples=20, test_samples=10), tmp_path, samples_per_shard=100)
     assert not [p for p in stale if p.exists()]
     assert (tmp_path / "keep.tmp").read_text() == "mine"
+
+
+def test_ranks_split_each_global_batch_into_equal_shares(synth_dir):
+    # torchrun's ranks: each gets its contiguous share of every global batch, the same number of
+    # batches, and together exactly the batches one process gets (resumed mid-epoch too).
+    s = ShardSet(synth_dir)
+    for skip in (0, 2):
+        kw = dict(seed=4, epoch=1, shuffle=True, drop_last=True, skip_batches=skip)
+        whole = _all(s.batches("train", 32, **kw))
+        shares = [_all(s.batches("train", 32, rank=r, ranks=2, **kw)) for r in range(2)]
+        assert len(shares[0]) == len(shares[1]) == len(whole) == s.steps_per_epoch("train", 32) - skip
+        for (x, y), (x0, y0), (x1, y1) in zip(whole, *shares):
+            assert len(y0) == len(y1) == 16
+            assert torch.equal(torch.cat([x0, x1]), x) and torch.equal(torch.cat([y0, y1]), y)
+    # Evaluation keeps the partial last batch: the shares still add up to the split, none is empty.
+    parts = [_all(s.batches("test", 40, rank=r, ranks=3)) for r in range(3)]
+    assert sum(len(y) for part in parts for _, y in part) == s.num_samples("test")
+    assert all(len(y) > 0 for part in parts for _, y in part)
+    with pytest.raises(DataError, match="rank 2 is not one of 2 ranks"):
+        next(s.batches("train", 32, rank=2, ranks=2))
+
+
+def test_prefetch_gives_the_same_batches_stops_early_and_raises_in_order(synth_dir, tmp_path):
+    import shutil
+    import threading
+
+    plain = _all(ShardSet(synth_dir).batches("train", 32, seed=1, shuffle=True))
+    ahead = ShardSet(synth_dir, workers=2, prefetch=2)
+    assert _same(plain, _all(ahead.batches("train", 32, seed=1, shuffle=True)))
+    # A consumer that stops after one batch (an epoch's last step) stops the background thread.
+    batches = ahead.batches("train", 32, seed=1, shuffle=True)
+    next(batches)
+    batches.close()
+    for t in threading.enumerate():
+        if t.name == "linvit-prefetch":
+            t.join(timeout=5)
+            assert not t.is_alive()
+    # An error in the background thread reaches the consumer after the batches before it.
+    broken = tmp_path / "broken"
+    shutil.copytree(synth_dir, broken)
+    shard = broken / "train-0001.tar"
+    shard.write_bytes(shard.read_bytes()[:5000])
+    got = []
+    with pytest.raises(DataError, match=r"train-0001\.tar: corrupt shard"):
+        for batch in ShardSet(broken, verify=False, prefetch=2).batches("train", 10):
+            got.append(batch)
+    assert _same(got, _all(ShardSet(synth_dir).batches("train", 10))[:len(got)]) and got

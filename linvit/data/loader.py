@@ -1,10 +1,19 @@
 """Read the shards ``shards.py`` wrote: a manifest check, then a seeded webdataset pipeline of batches.
 
-Single process on purpose: the same (seed, epoch) gives exactly the same batches, and a run
-resumed mid-epoch (``skip_batches``) sees exactly the batches the uninterrupted run would have.
+One reader per process on purpose: the same (seed, epoch) gives exactly the same batches, and a
+run resumed mid-epoch (``skip_batches``) sees exactly the batches the uninterrupted run would have.
 (webdataset's multi-process loading splits the shards between workers and interleaves their
-output, which would change the order.) ``workers`` > 0 decodes each batch's images in that many
-threads instead, in order: the same samples in the same order, so the same batches.
+output, which would change the order.) The work is split instead where it costs:
+
+- by rank: under torchrun, every rank reads the same stream and groups it into the same global
+  batches; rank r keeps its contiguous share (``rank``/``ranks``) and decodes only that. So every
+  rank has the same number of batches, and N ranks train on exactly the batches one process would.
+  The cost is that each rank reads (not decodes) the whole stream; on one node the page cache
+  serves the repeated reads.
+- by worker: ``workers`` > 0 decodes each batch's images in that many threads, in order (the same
+  samples in the same order, so the same batches); ``prefetch`` > 0 runs the pipeline in a
+  background thread that many batches ahead, and ``pin_memory`` puts them in page-locked memory, so
+  a GPU's non-blocking copy does not wait for decoding.
 """
 
 from __future__ import annotations
@@ -13,7 +22,9 @@ import functools
 import hashlib
 import io
 import json
+import queue
 import random
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -35,9 +46,11 @@ class ShardSet:
     """One dataset's shard directory: its manifest, and batches read from its shards."""
 
     def __init__(self, shard_dir: str | Path, *, verify: bool = True, shuffle_buffer: int = 10000,
-                 workers: int = 0):
+                 workers: int = 0, prefetch: int = 0, pin_memory: bool = False):
         self.dir = Path(shard_dir)
         self.workers = workers  # decoding threads per batch; 0: decode in the pipeline, one by one
+        self.prefetch = prefetch  # batches decoded ahead in a background thread; 0: none
+        self.pin_memory = pin_memory
         self.info = _read_manifest(self.dir / MANIFEST)
         self.classes: list[str] = list(self.info["classes"])
         self.num_classes: int = int(self.info["num_classes"])
@@ -69,15 +82,19 @@ class ShardSet:
         return self.num_samples(split) // batch_size
 
     def batches(self, split: str, batch_size: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = False,
-                drop_last: bool = False, limit: int | None = None,
-                skip_batches: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                drop_last: bool = False, limit: int | None = None, skip_batches: int = 0,
+                rank: int = 0, ranks: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches ``(x, y)``: x float32 (B,C,H,W) normalized with the manifest's mean/std, y int64 (B,).
 
         shuffle: shard order and a sample buffer, both seeded from (seed, epoch).
         limit: only the first ``limit`` samples of the stream. skip_batches: start at batch k.
+        rank, ranks: yield rank's contiguous share of each global batch of ``batch_size``
+        (batch_size/ranks samples when it divides; an empty share is not yielded).
         """
         if batch_size < 1:
             raise DataError(f"batch_size must be at least 1, got {batch_size}")
+        if not 0 <= rank < ranks:
+            raise DataError(f"rank {rank} is not one of {ranks} ranks")
         shards = self._split(split)["shards"]
         urls = [str(self.dir / s["name"]) for s in shards]
         expected = {str(self.dir / s["name"]): (int(s["samples"]), s["sha256"]) for s in shards}
@@ -89,15 +106,17 @@ class ShardSet:
                                       rng=random.Random(f"{seed}:{epoch}:samples")))
         # Skip and limit on the undecoded stream: cheap, and the same samples as slicing the batches.
         stages.append(wds.slice(skip_batches * batch_size, limit))
+        # Global batches of undecoded samples; this rank keeps its share and decodes only that.
+        own = lambda raw: raw[rank * len(raw) // ranks:(rank + 1) * len(raw) // ranks]
+        stages += [wds.batched(batch_size, collation_fn=own, partial=not drop_last), wds.select(len)]
         if self.workers > 0:
-            # Group the undecoded samples, then decode each group in threads; map keeps the order.
+            # map keeps the order: the same samples in the same order as decoding one by one.
             pool = ThreadPoolExecutor(self.workers, thread_name_prefix="linvit-decode")
-            decode = lambda raw: self._collate(list(pool.map(self._decode, raw)))
-            stages.append(wds.batched(batch_size, collation_fn=decode, partial=not drop_last))
+            stages.append(wds.map(lambda raw: self._collate(list(pool.map(self._decode, raw)))))
         else:
-            stages += [wds.map(self._decode),
-                       wds.batched(batch_size, collation_fn=self._collate, partial=not drop_last)]
-        return iter(wds.DataPipeline(*stages))
+            stages.append(wds.map(lambda raw: self._collate([self._decode(s) for s in raw])))
+        batches = iter(wds.DataPipeline(*stages))
+        return _prefetched(batches, self.prefetch) if self.prefetch > 0 else batches
 
     def fixed_batch(self, split: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``n`` samples in manifest shard order, unshuffled (e.g. for attention maps)."""
@@ -130,7 +149,54 @@ class ShardSet:
         x = x.unsqueeze(1) if self.channels == 1 else x.permute(0, 3, 1, 2)
         x = (x.float().div_(255.0) - self._mean).div_(self._std).contiguous()
         y = torch.tensor([label for _, label in samples], dtype=torch.int64)
+        if self.pin_memory:  # page-locked, so the copy to the GPU can be non-blocking
+            x, y = x.pin_memory(), y.pin_memory()
         return x, y
+
+
+class _Raised:
+    def __init__(self, err: BaseException):
+        self.err = err
+
+
+_END = object()
+
+
+def _prefetched(batches: Iterator, depth: int) -> Iterator:
+    """`batches`, computed up to `depth` ahead in a daemon thread; an error there is raised here, in
+    order. When the consumer stops early (the end of an epoch's steps), the thread stops too."""
+    ready: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for item in batches:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as err:  # noqa: BLE001 - re-raised in the consumer
+            put(_Raised(err))
+
+    threading.Thread(target=produce, daemon=True, name="linvit-prefetch").start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _END:
+                return
+            if isinstance(item, _Raised):
+                raise item.err
+            yield item
+    finally:
+        stop.set()
 
 
 def _read_manifest(path: Path) -> dict:

@@ -89,6 +89,19 @@ def res(rule_name, key, default):
     return lambda wildcards, attempt: resource_value(rule_name, key, default, wildcards.get("size"), attempt)
 
 
+def launcher(wc, threads, resources):
+    """A params function: how a training job starts. With `gpu` above 1, torchrun starts that many
+    processes of the same `linvit` command on one node, one per GPU, which train data-parallel
+    (linvit/distributed.py); with one GPU or none, the command runs alone."""
+    n = int(resources.gpu)
+    return f"torchrun --standalone --nproc-per-node {n} --no-python" if n > 1 else ""
+
+
+def rank_threads(wc, threads, resources):
+    """A params function: torch threads per process, the job's CPUs shared by its torchrun processes."""
+    return max(1, threads // max(1, int(resources.gpu)))
+
+
 def files(folder, names):
     """{key: path} for files `names` of `folder`, keyed by the name with '.' as '_' (model_json, ...)."""
     return {name.replace(".", "_"): f"{folder}/{name}" for name in names}

@@ -12,6 +12,8 @@ rule distill:
         cfg=job_config("distill", "evaluation", "runtime"),
         teacher=in_folder("teacher_json"),
         out=out_folder,
+        launch=launcher,
+        threads=rank_threads,
     log:
         grid.log_path("distill", DISTILL_KEY),
     benchmark:
@@ -22,9 +24,9 @@ rule distill:
         runtime=res("distill", "runtime", 60),
         gpu=res("distill", "gpu", 0),
     shell:
-        "linvit distill --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
+        "{params.launch} linvit distill --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
         " --variant {wildcards.variant} --seed {wildcards.seed} --teacher {params.teacher:q}"
-        " --shards {input.shards:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"
+        " --shards {input.shards:q} --out {params.out:q} --threads {params.threads} > {log:q} 2>&1"
 
 
 # The softmax reference: the teacher trained on the target with the students' budget.
@@ -40,6 +42,8 @@ rule reference:
         init=grid.REFERENCE_INIT,
         teacher=in_folder("teacher_json"),
         out=out_folder,
+        launch=launcher,
+        threads=rank_threads,
     log:
         grid.log_path("students", REFERENCE_KEY),
     benchmark:
@@ -50,9 +54,9 @@ rule reference:
         runtime=res("student", "runtime", 60),
         gpu=res("student", "gpu", 0),
     shell:
-        "linvit student --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
+        "{params.launch} linvit student --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
         " --variant {params.variant} --init {params.init} --seed {wildcards.seed} --teacher {params.teacher:q}"
-        " --shards {input.shards:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"
+        " --shards {input.shards:q} --out {params.out:q} --threads {params.threads} > {log:q} 2>&1"
 
 
 rule student:
@@ -65,6 +69,8 @@ rule student:
         teacher=in_folder("teacher_json"),
         distilled=distilled_option,
         out=out_folder,
+        launch=launcher,
+        threads=rank_threads,
     log:
         grid.log_path("students", RUN_KEY),
     benchmark:
@@ -75,7 +81,7 @@ rule student:
         runtime=res("student", "runtime", 60),
         gpu=res("student", "gpu", 0),
     shell:
-        "linvit student --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
+        "{params.launch} linvit student --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
         " --variant {wildcards.variant} --init {wildcards.init} --seed {wildcards.seed}"
         " --teacher {params.teacher:q} --shards {input.shards:q}"
-        " --out {params.out:q} {params.distilled} --threads {threads} > {log:q} 2>&1"
+        " --out {params.out:q} {params.distilled} --threads {params.threads} > {log:q} 2>&1"

@@ -8,6 +8,8 @@ rule teacher:
         cfg=job_config("teacher", "runtime"),
         seed=TEACHER_SEED,
         out=out_folder,
+        launch=launcher,
+        threads=rank_threads,
     log:
         grid.log_path("teacher", "{size}"),
     benchmark:
@@ -18,5 +20,5 @@ rule teacher:
         runtime=res("teacher", "runtime", 60),
         gpu=res("teacher", "gpu", 0),
     shell:
-        "linvit teacher --config-json {params.cfg:q} --size {wildcards.size} --seed {params.seed}"
-        " --shards {input.shards:q} --out {params.out:q} --threads {threads} > {log:q} 2>&1"
+        "{params.launch} linvit teacher --config-json {params.cfg:q} --size {wildcards.size} --seed {params.seed}"
+        " --shards {input.shards:q} --out {params.out:q} --threads {params.threads} > {log:q} 2>&1"

@@ -81,6 +81,9 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
     variants = list(variants or available_variants())
     if REFERENCE not in variants:
         variants.insert(0, REFERENCE)
+    device = torch.device(shape.get("device", "cpu"))
+    # linvit.device turns TF32 matmuls on for CUDA: the fp32 figures are then TF32's, and say so.
+    tf32 = device.type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32"
     rows = []
     for n in tokens:
         for v in variants:
@@ -88,7 +91,7 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
                 continue
             seconds = time_operator(v, n, **shape)
             rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "core"),
-                         "device": str(torch.device(shape.get("device", "cpu"))), "dtype": "float32",
+                         "device": str(device), "dtype": "float32+tf32" if tf32 else "float32",
                          "seconds": seconds})
             print(f"benchmark: {v:>10} N={n:>6}: {seconds * 1e3:9.2f} ms", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)

@@ -275,3 +275,35 @@ def test_smoke_grid_end_to_end(tmp_path):
     # The repository's own report/ is never touched by tests.
     after = sorted(p.name for p in (REPO / "report").iterdir()) if (REPO / "report").exists() else []
     assert before == after
+
+
+TOY_WORKFLOW = """
+rule all:
+    input: expand("c{i}.txt", i=range(4))
+rule a:
+    output: "a{i}.txt"
+    threads: 1
+    shell: "sleep 0.3; touch {output}"
+rule b:
+    input: expand("a{i}.txt", i=range(2))
+    output: "b.txt"
+    threads: 2
+    shell: "sleep 0.3; touch {output}"
+rule c:
+    input: "b.txt"
+    output: "c{i}.txt"
+    threads: 1
+    shell: "date +%s.%N > {output}.start; sleep 1.5; date +%s.%N > {output}"
+"""
+
+
+def test_snakemake_runs_no_more_threads_than_its_cores(tmp_path):
+    # The grid's jobs claim threads so that `--cores N` keeps N cores busy and no more. Snakemake
+    # 9.15.0 (what pip resolved without a pin) gave back each finished job's cores twice, and then
+    # ran 4 one-thread jobs on 2 cores: the pinned version must not.
+    (tmp_path / "Snakefile").write_text(TOY_WORKFLOW)
+    run([sys.executable, "-m", "snakemake", "--cores", "2", "--quiet"], cwd=tmp_path)
+    spans = [(float((tmp_path / f"c{i}.txt.start").read_text()), float((tmp_path / f"c{i}.txt").read_text()))
+             for i in range(4)]
+    most = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
+    assert most <= 2, f"{most} one-thread jobs ran at once with --cores 2"

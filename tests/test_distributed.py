@@ -32,7 +32,7 @@ CONFIG = {
                 "train": {"steps": STEPS, "batch_size": BATCH, "lr": 2e-3, "warmup_steps": 4,
                           "label_smoothing": 0.1, "eval_every": 8, "checkpoint_every": 4, "log_every": 1}},
     "student": {"train": {"steps": 4, "batch_size": 16, "lr": 1e-3}},
-    "distill": {"loss": "mse", "train": {"steps": 4, "batch_size": 16, "lr": 1e-3}},
+    "distill": {"loss": "mse", "train": {"steps": 6, "batch_size": 16, "lr": 1e-3, "log_every": 1}},
     "init_strategies": {"random": {"copy": [], "distill": False}},
 }
 
@@ -150,6 +150,32 @@ def test_a_killed_two_process_job_resumes(setup, resume_with):
         assert abs(a["loss"] - b["loss"]) <= LOSS_TOLERANCE, (a["step"], a["loss"], b["loss"])
     a, b = load_file(tmp / "two" / "model.safetensors"), load_file(out / "model.safetensors")
     assert all((a[k] - b[k]).abs().max() < 1e-4 for k in a)
+
+
+@pytest.mark.parametrize("loss", ["mse", "attn_ce"])
+def test_distillation_under_two_processes_is_that_of_one(setup, loss):
+    # The teacher-forced distillation calls blocks of two models, not one forward: the gradient
+    # all-reduce serves it as it serves classification.
+    tmp, _ = setup
+    config = {**CONFIG, "distill": {**CONFIG["distill"], "loss": loss}}
+    (tmp / f"{loss}.yaml").write_text(yaml.safe_dump(config))
+
+    def distill(out, nproc):
+        cmd = ["linvit", "distill", "--config", str(tmp / f"{loss}.yaml"), "--dataset", "synthetic",
+               "--size", "micro", "--variant", "elu", "--seed", "0", "--teacher", str(tmp / "one"),
+               "--shards", str(tmp / "shards"), "--out", str(out), "--threads", "1"]
+        return run(["torchrun", "--standalone", f"--nproc-per-node={nproc}", "--no-python", *cmd]
+                   if nproc > 1 else cmd, cwd=tmp)
+
+    distill(tmp / f"d1-{loss}", 1)
+    distill(tmp / f"d2-{loss}", 2)
+    one, two = records(tmp / f"d1-{loss}"), records(tmp / f"d2-{loss}")
+    assert [r["step"] for r in two] == list(range(1, 7))
+    for a, b in zip(one, two):  # relative: the mse loss is ~5e-3 (measured: differences ~1e-7 of it)
+        assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
+    a = load_file(tmp / f"d1-{loss}" / "attention.safetensors")
+    b = load_file(tmp / f"d2-{loss}" / "attention.safetensors")
+    assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-4 for k in a)
 
 
 def test_a_batch_that_does_not_split_evenly_is_one_line(setup):

@@ -56,6 +56,11 @@ class World:
     def parallel(self) -> bool:
         return self.size > 1
 
+    @property
+    def backend(self) -> str | None:
+        """nccl or gloo; None for one process."""
+        return dist.get_backend() if self.parallel else None
+
     @classmethod
     def from_env(cls, device_type: str) -> "World":
         """Join the process group torchrun describes in the environment (once per process)."""
@@ -102,7 +107,7 @@ class World:
         """Sums of numbers over the ranks (evaluation counts)."""
         if not self.parallel:
             return values
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        device = "cuda" if self.backend == "nccl" else "cpu"
         t = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return tuple(t.tolist())

@@ -340,7 +340,10 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     if steps_per_epoch < 1:
         raise ValueError(f"{desc}: batch_size {spec.batch_size} exceeds the "
                          f"{data.num_samples('train')} training samples")
-    world.local_batch(spec.batch_size, desc)  # the global batch must split evenly over the ranks
+    local_batch = world.local_batch(spec.batch_size, desc)  # the global batch must split evenly
+    if world.parallel and world.main:
+        print(f"{desc}: data parallel over {world.size} processes ({world.backend}), {local_batch} "
+              f"samples each of every batch of {spec.batch_size}", file=sys.stderr)
 
     torch.manual_seed(seed)
     step, elapsed, start_loss = 0, 0.0, None

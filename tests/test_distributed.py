@@ -91,6 +91,7 @@ def test_only_rank_zero_writes_and_speaks(setup):
     assert len(steps) == len(set(steps))  # one log, each step once
     assert [r["step"] for r in records(tmp / "two", "eval")] == [0, 8, 16, STEPS]
     assert two.stdout.count("test accuracy") == 1
+    assert two.stderr.count("data parallel over 2 processes (gloo), 8 samples each of every batch of 16") == 1
     assert two.stderr.count(f"step {STEPS}/{STEPS}") == 1
     assert not (tmp / "two" / "checkpoint").exists()  # dropped by rank 0 once the outputs are written
 
@@ -202,3 +203,19 @@ def test_a_rule_with_two_gpus_runs_under_torchrun(tmp_path):
     assert student and all("torchrun --standalone --nproc-per-node 2 --no-python linvit student" in ln
                            and "--threads 2 " in ln for ln in student)
     assert teacher_ and all("torchrun" not in ln for ln in teacher_)
+
+
+def test_a_rule_with_two_gpus_trains_under_torchrun(tmp_path):
+    # The same, run: on this CPU-only machine the 2 processes use gloo, which is enough to show
+    # the rule's command, the ranks' split and rank 0's outputs work through Snakemake.
+    cmd = ["snakemake", "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"),
+           "--set-resources", "teacher:gpu=2", "--directory", str(tmp_path),
+           "--snakefile", str(REPO / "Snakefile"), "results/teacher/micro/metrics.json"]
+    run(cmd, cwd=REPO)
+    log = (tmp_path / "results/logs/teacher/micro.log").read_text()
+    assert "teacher micro: data parallel over 2 processes (gloo), 16 samples each of every batch of 32" in log
+    assert log.count("teacher micro: step 12/12") == 1 and log.count("test accuracy") == 1
+    steps = [r["step"] for r in records(tmp_path / "results/teacher/micro")]
+    assert steps == sorted(set(steps)) and steps[-1] == 12
+    metrics = json.loads((tmp_path / "results/teacher/micro/metrics.json").read_text())
+    assert metrics["steps"] == 12 and metrics["images_seen"] == 12 * 32

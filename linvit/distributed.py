@@ -75,10 +75,6 @@ class World:
             dist.init_process_group(backend=backend)
         return cls(rank=rank, size=size, local_rank=local_rank)
 
-    def share(self, n: int) -> slice:
-        """Rank r's contiguous part of a group of n samples (equal parts when N divides n)."""
-        return slice(self.rank * n // self.size, (self.rank + 1) * n // self.size)
-
     def local_batch(self, batch_size: int, what: str) -> int:
         """The per-rank batch of a global `batch_size`; it must divide evenly, or the ranks would
         weight their samples differently and the global batch would not be the config's."""
@@ -111,10 +107,6 @@ class World:
         t = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return tuple(t.tolist())
-
-    def agree(self, flag: bool) -> bool:
-        """True on every rank when it is true on any (a failure one rank sees stops them all)."""
-        return bool(self.sum(float(flag))[0]) if self.parallel else flag
 
     def barrier(self) -> None:
         if self.parallel:

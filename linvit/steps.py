@@ -129,11 +129,11 @@ def _fingerprint(config: dict, keys: list[str], seed: int, job: dict, files: dic
 
 
 def _finish(out_dir: Path, metrics: dict, config: dict, fingerprint: dict, tensors: dict[str, dict],
-            arch: dict | None = None, runtime: Runtime | None = None) -> dict:
+            arch: dict | None, runtime: Runtime) -> dict:
     """Write the outputs of a training step: the tensor files, model.json, config.json, then
     metrics.json last, as the mark of a complete run; then drop the checkpoint. Under torchrun only
     rank 0 writes (every rank holds the same weights and metrics)."""
-    if runtime is not None and not runtime.world.main:
+    if not runtime.world.main:
         return metrics
     for name, values in tensors.items():
         write_safetensors(out_dir / name, {k: v.cpu() for k, v in values.items()})
@@ -219,7 +219,7 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, seed: int, 
     metrics = {"dataset": dataset, "size": size, "variant": variant, "seed": seed, "loss": loss,
                "probe_samples": len(probe), **summary}
     return _finish(out_dir, metrics, config, fingerprint, {"attention.safetensors": attention_state(student)},
-                   runtime=runtime)
+                   None, runtime)
 
 
 def run_student(config: dict, dataset: str, size: str, variant: str, init: str, seed: int, teacher_dir,

@@ -23,6 +23,19 @@ def repo():
     return REPO
 
 
+# A tiny synthetic dataset, and a module's shards of it (the checkpoint and device tests train on it).
+TINY_SYNTHETIC = {"source": "synthetic", "num_classes": 4, "train_samples": 64, "test_samples": 32}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    from linvit.data import write_shards
+
+    out = tmp_path_factory.mktemp("shards")
+    write_shards("synthetic", TINY_SYNTHETIC, out, samples_per_shard=64)
+    return out
+
+
 @pytest.fixture
 def quiet_machine(monkeypatch):
     """One torch thread (the machine is shared) and a fixed git revision (commits landing mid-test

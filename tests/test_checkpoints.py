@@ -21,7 +21,9 @@ from linvit.grid import MODEL_FILES
 from linvit.train import live_log_path
 from linvit.data import write_shards
 
-SYNTH = {"source": "synthetic", "num_classes": 4, "train_samples": 64, "test_samples": 32}
+from conftest import TINY_SYNTHETIC
+
+SYNTH = TINY_SYNTHETIC
 
 
 def config(**teacher_train):
@@ -33,13 +35,6 @@ def config(**teacher_train):
             "distill": {"loss": "mse", "train": {"steps": 3, "batch_size": 16, "lr": 1e-3}},
             "init_strategies": {"random": {"copy": [], "distill": False}},
             "evaluation": {"fidelity_samples": 8}}
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    out = tmp_path_factory.mktemp("shards")
-    write_shards("synthetic", SYNTH, out, samples_per_shard=64)
-    return out
 
 
 @pytest.fixture(autouse=True)

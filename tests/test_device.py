@@ -14,13 +14,13 @@ from safetensors.torch import load_file
 from linvit import cli, device, steps
 from linvit import train as train_mod
 from linvit.config import ConfigError, validate
-from linvit.data import write_shards
 from linvit.device import Runtime, runtime
 from linvit.report.aggregate import _eval_fields
 
+from conftest import TINY_SYNTHETIC
 from test_config import DEFAULT, changed
 
-SYNTH = {"source": "synthetic", "num_classes": 4, "train_samples": 64, "test_samples": 32}
+SYNTH = TINY_SYNTHETIC
 CPU = torch.device("cpu")
 
 
@@ -36,13 +36,6 @@ def config(rt=None, **teacher_train):
     if rt is not None:
         cfg["runtime"] = rt
     return cfg
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory):
-    out = tmp_path_factory.mktemp("shards")
-    write_shards("synthetic", SYNTH, out, samples_per_shard=64)
-    return out
 
 
 @pytest.fixture(autouse=True)
@@ -197,7 +190,8 @@ def test_fp16_steps_through_a_grad_scaler_and_resumes_with_it(shards, tmp_path, 
     assert again["final_loss"] == whole["final_loss"] and again["test_acc"] == whole["test_acc"]
 
 
-def test_another_precision_does_not_resume_a_checkpoint(shards, tmp_path, monkeypatch, capsys):
+def _stop_at_first_checkpoint(shards, out, monkeypatch) -> None:
+    """Run the teacher into `out` on the CPU (fp32) and interrupt it right after its first checkpoint."""
     save = train_mod.Checkpoints.save
 
     def stop(self, *args):
@@ -206,8 +200,12 @@ def test_another_precision_does_not_resume_a_checkpoint(shards, tmp_path, monkey
 
     monkeypatch.setattr(train_mod.Checkpoints, "save", stop)
     with pytest.raises(KeyboardInterrupt):
-        steps.run_teacher(config(), "micro", 0, shards, tmp_path / "t")
+        steps.run_teacher(config(), "micro", 0, shards, out)
     monkeypatch.setattr(train_mod.Checkpoints, "save", save)
+
+
+def test_another_precision_does_not_resume_a_checkpoint(shards, tmp_path, monkeypatch, capsys):
+    _stop_at_first_checkpoint(shards, tmp_path / "t", monkeypatch)
     capsys.readouterr()
     steps.run_teacher(config(), "micro", 0, shards, tmp_path / "t", runtime=Runtime(CPU, "bf16"))
     err = capsys.readouterr().err
@@ -221,16 +219,7 @@ def test_a_checkpoint_saved_with_cuda_tensors_resumes_on_the_cpu(shards, tmp_pat
     """state.pt is rewritten so that every tensor in it carries torch's storage location 'cuda:0', as
     a CUDA run's optimizer state and CUDA RNG state do. Without map_location this file cannot be
     loaded on this machine (checked); the run resumes from it and ends as an uninterrupted run."""
-    save = train_mod.Checkpoints.save
-
-    def stop(self, *args):
-        save(self, *args)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(train_mod.Checkpoints, "save", stop)
-    with pytest.raises(KeyboardInterrupt):
-        steps.run_teacher(config(), "micro", 0, shards, tmp_path / "t")
-    monkeypatch.setattr(train_mod.Checkpoints, "save", save)
+    _stop_at_first_checkpoint(shards, tmp_path / "t", monkeypatch)
     folder = tmp_path / "t" / "checkpoint" / (tmp_path / "t" / "checkpoint" / "LATEST").read_text().strip()
     state = torch.load(folder / "state.pt", weights_only=True)
     state["cuda_rng"] = torch.zeros(16, dtype=torch.uint8)  # what a CUDA run adds

@@ -1,12 +1,19 @@
 """Parameter groups: every parameter of a ViT belongs to exactly one, decided from its name.
 
-| group      | what                                                                          |
-| embed      | patch embedding, class/register/distillation tokens, position embedding       |
-| attn       | q, k, v (`qkv`), q/k norms and output (`proj`) projections with a softmax counterpart, and the attention branch's layer scale |
-| attn_extra | operator-specific parameters with no softmax counterpart: never copied          |
-| mlp        | the blocks' MLPs (and the MLP branch's layer scale)                           |
-| norm       | the blocks' and the final norms                                                |
-| head       | the classifier                                                                 |
+The names are timm's (timm.models.vision_transformer.VisionTransformer with its `Block`s, DeiT
+included), so any such ViT -- class, register or distillation tokens, q/k norms, layer scale, pre-
+norm, fc_norm, MAP pooling, SwiGLU MLPs -- is covered, teacher and student alike.
+
+| group      | what (timm names)                                                                   |
+| embed      | patch embedding (`patch_embed.*`, its norm included), `cls_token`, `reg_token`, `dist_token`, `pos_embed` |
+| attn       | per block: `attn.qkv`, `attn.q_norm`, `attn.k_norm`, `attn.proj` (a softmax counterpart), and the attention branch's layer scale `ls1` |
+| attn_extra | per block: every other `attn.*` parameter, operator-specific with no softmax counterpart: never copied |
+| mlp        | per block: `mlp.*` (Mlp, SwiGLU, GluMlp, their norm) and the MLP branch's layer scale `ls2` |
+| norm       | the blocks' `norm1`/`norm2`, and `norm_pre` (pre_norm), `norm` and `fc_norm` (final norms) |
+| head       | the classifier: `head`, DeiT's `head_dist`, and the attention-pool head `attn_pool.*` (global_pool "map"/"prr") |
+
+Blocks of another shape (ParallelScalingBlock, ParallelThingsBlock) are not covered: their fused
+projections do not split into these groups, and swap_attention refuses them.
 
 Plain names and regular expressions only, so the workflow can check a config's groups without torch.
 """
@@ -25,8 +32,9 @@ _RULES = [
     ("attn_extra", r"^blocks\.\d+\.attn\."),
     ("attn", r"^blocks\.\d+\.ls1\."),   # layer scale of the attention branch
     ("mlp", r"^blocks\.\d+\.(mlp|ls2)\."),
-    ("norm", r"^(blocks\.\d+\.norm\d|norm|fc_norm)\.(weight|bias)$"),
-    ("head", r"^head\."),
+    ("norm", r"^(blocks\.\d+\.norm\d|norm_pre|norm|fc_norm)\.(weight|bias)$"),
+    # attn_pool is top level (never under blocks.N.attn): a pooling head, trained with the classifier.
+    ("head", r"^(head|head_dist|attn_pool)\."),
 ]
 
 

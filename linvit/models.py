@@ -18,11 +18,13 @@ TorchScript is out of scope (deprecated in this torch); torch.fx tracing and tor
 
 from __future__ import annotations
 
+import copy
 import inspect
 import sys
 
 import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.layers import Attention
 from timm.models import _registry as timm_registry
 from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 from torch import nn
@@ -101,22 +103,41 @@ def build_vit(size: str, *, num_classes: int, img_size: int | tuple[int, int], i
                   num_classes=num_classes, **{**size_spec(size), **variant_kwargs})
 
 
-def _unsupported(old: nn.Module) -> str | None:
-    """What of a timm attention module a linear operator cannot carry over (None: nothing)."""
+def _unsupported(old: nn.Module, dim: int) -> str | None:
+    """What of a block's attention module a linear operator cannot carry over (None: nothing)."""
     if isinstance(old, LinearAttention):  # swapping operators: nothing of timm's to lose
         return None
+    if not isinstance(old, Attention):  # DiffAttention, AttentionRope, ...: other parameters and forms
+        return f"a {type(old).__name__} (only timm's Attention is swapped)"
     drop = getattr(old, "attn_drop", None)
     if isinstance(drop, nn.Dropout) and drop.p > 0:
         return (f"attention dropout (attn_drop_rate={drop.p}): a linear operator forms no attention "
                 f"matrix to drop; use drop_path_rate or proj_drop_rate")
-    for attr, option in (("q_norm", "qk_norm"), ("k_norm", "qk_norm"), ("norm", "scale_attn_norm")):
-        if not isinstance(getattr(old, attr, None), (nn.Identity, type(None))):
-            return f"{option}=True: the operators have no {attr} layer"
+    if not isinstance(getattr(old, "norm", None), (nn.Identity, type(None))):
+        return "scale_attn_norm=True: the operators have no norm layer"
+    if getattr(old, "gate", None) is not None:
+        return "gated=True: the operators have no gate layer"
+    if old.qkv.out_features != 3 * dim or old.proj.out_features != dim:
+        return "attn_head_dim or dim_out: the operators keep the block width in q, k, v and output"
     return None
+
+
+def _fresh(module: nn.Module) -> nn.Module:
+    """A copy of `module` (its class, shape, eps, ...) with its parameters initialized anew."""
+    module = copy.deepcopy(module)
+    for m in module.modules():
+        if hasattr(m, "reset_parameters"):
+            m.reset_parameters()
+    return module
 
 
 def swap_attention(model: VisionTransformer, variant: str, **variant_kwargs) -> VisionTransformer:
     """Replace every block's attention with a fresh operator of `variant` (in place).
+
+    The operator follows the attention it replaces: width, heads, qkv/proj biases, projection
+    dropout and q/k norms (fresh modules of the same class and eps, by timm's names). What it
+    cannot follow (attention dropout, scale_attn_norm, gated attention, other attention classes
+    or blocks without one `attn`) is refused before any block changes.
 
     The operator is freshly initialized; copying weights is transfer.py's job. A model built with
     `dynamic_img_size` has no fixed patch grid, so operators get none: those that need one
@@ -125,12 +146,15 @@ def swap_attention(model: VisionTransformer, variant: str, **variant_kwargs) -> 
     cls = attention_class(variant)
     dynamic = getattr(model, "dynamic_img_size", False)
     grid = None if dynamic else tuple(model.patch_embed.grid_size)
+    dim = model.embed_dim
     for block in model.blocks:
-        old = block.attn
-        problem = _unsupported(old)
+        old = getattr(block, "attn", None)
+        problem = f"a {type(block).__name__} (no single `attn` per block)" if old is None else \
+            _unsupported(old, dim)
         if problem:
             raise ValueError(f"attention variant {variant!r} cannot take {problem}")
-        dim = old.qkv.in_features
+    for block in model.blocks:
+        old = block.attn
         drop = getattr(old, "proj_drop", None)
         try:
             new = cls(dim, old.num_heads, qkv_bias=old.qkv.bias is not None,
@@ -146,6 +170,8 @@ def swap_attention(model: VisionTransformer, variant: str, **variant_kwargs) -> 
             if "unexpected keyword argument" not in str(err):
                 raise
             raise ValueError(f"attention variant {variant!r} does not take that option: {err}") from None
+        # timm's q/k norms as they are configured in the replaced attention (Identity when none).
+        new.q_norm, new.k_norm = _fresh(old.q_norm), _fresh(old.k_norm)
         # Same device and dtype as the attention it replaces (a model built with device=/dtype=).
         block.attn = new.to(device=old.qkv.weight.device, dtype=old.qkv.weight.dtype)
     # qkv and proj start the way timm initializes a ViT's linear layers; operator-specific

@@ -23,9 +23,11 @@ def make(variant, dim=32, heads=4, grid=(3, 4), prefix=1, **kw):
     return attn
 
 
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["", "qk_norm"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_forward_equals_implicit_matrix_applied_to_v(variant):
-    attn = make(variant)
+def test_forward_equals_implicit_matrix_applied_to_v(variant, qk_norm):
+    # With qk_norm the (perturbed) q/k norms must act in the implicit path as in the forward.
+    attn = make(variant, qk_norm=qk_norm)
     x = torch.randn(2, 1 + 12, 32)
     imp = attn.implicit_attention(x)
     with torch.no_grad():
@@ -151,11 +153,12 @@ def test_property_finite_shape_kept_and_permutation_equivariant(variant, batch, 
 
 # -- gradients (some operators hand-write the backward of their linear-time core) -----------------
 
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["", "qk_norm"])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_linear_core_and_implicit_matrices_give_the_same_gradients(variant):
+def test_linear_core_and_implicit_matrices_give_the_same_gradients(variant, qk_norm):
     """The forward's gradients (through `attend`, hand-written for some operators) equal those of
     the quadratic implicit path, which plain autograd differentiates."""
-    attn = make(variant)
+    attn = make(variant, qk_norm=qk_norm)
     x = torch.randn(2, 13, 32)
 
     def grads(output):

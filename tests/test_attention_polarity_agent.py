@@ -287,9 +287,9 @@ def test_large_activations_under_autocast_forward_and_backward_are_finite(varian
 
 
 @pytest.mark.parametrize("variant", ["polarity", "agent"])
-@pytest.mark.parametrize("grid,prefix", [((2, 3), 0), ((4, 2), 2), ((6, 6), 1)])
-def test_forward_equals_implicit_on_other_shapes(variant, grid, prefix):
-    attn = make(variant, dim=16, heads=2, grid=grid, prefix=prefix).float()
+@pytest.mark.parametrize("grid,prefix,qk_norm", [((2, 3), 0, False), ((4, 2), 2, True), ((6, 6), 1, False)])
+def test_forward_equals_implicit_on_other_shapes(variant, grid, prefix, qk_norm):
+    attn = make(variant, dim=16, heads=2, grid=grid, prefix=prefix, qk_norm=qk_norm).float()
     x = torch.randn(2, prefix + grid[0] * grid[1], 16)
     imp = attn.implicit_attention(x)
     with torch.no_grad():

@@ -311,9 +311,10 @@ def test_build_vit_and_timm_build_the_same_model():
 
 
 def test_swap_attention_refuses_what_it_would_drop_and_swaps_operators_again():
-    vit = VisionTransformer(img_size=28, in_chans=1, num_classes=10, qk_norm=True, **SIZES["micro"])
-    with pytest.raises(ValueError, match=r"'elu' cannot take qk_norm=True"):
+    vit = VisionTransformer(img_size=28, in_chans=1, num_classes=10, scale_attn_norm=True, **SIZES["micro"])
+    with pytest.raises(ValueError, match=r"'elu' cannot take scale_attn_norm=True"):
         swap_attention(vit, "elu")
+    assert model_variant(vit) == "softmax"  # refused before any block changed
     model = swap_attention(build_vit("micro", num_classes=10, img_size=28, in_chans=1, variant="elu"), "agent")
     assert model_variant(model) == "agent" and model(torch.randn(1, 1, 28, 28)).shape == (1, 10)
 

@@ -1,7 +1,7 @@
 """The linear attention base class, the registry of operators, and softmax attention maps.
 
-Every operator keeps timm's parameter names (`qkv`, `proj`) so that weights with a softmax
-counterpart line up by name, and computes the non-causal kernelized form
+Every operator keeps timm's parameter names (`qkv`, `q_norm`, `k_norm`, `proj`) so that weights
+with a softmax counterpart line up by name, and computes the non-causal kernelized form
 
     out_i = sum_j phi(q_i) . phi(k_j) v_j / sum_j phi(q_i) . phi(k_j)
 
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from timm.layers import LayerNorm
 from torch import nn
 
 ATTENTION: dict[str, type["LinearAttention"]] = {}
@@ -157,8 +158,8 @@ def kernel_matrix(fq: torch.Tensor, fk: torch.Tensor, eps: float) -> torch.Tenso
 
 
 class LinearAttention(nn.Module):
-    """Base of every operator: qkv and proj named as in timm, a core in at least fp32, the implicit
-    matrices.
+    """Base of every operator: qkv, q/k norms and proj named as in timm, a core in at least fp32,
+    the implicit matrices.
 
     A kernelized operator defines `features` (and optionally `mix`/`mix_matrices` for an extra
     token mixing such as a depthwise convolution). Operators of another form override `attend`
@@ -177,7 +178,8 @@ class LinearAttention(nn.Module):
     # No attn_drop: a linear operator forms no attention matrix to drop entries of.
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, proj_bias: bool = True,
                  proj_drop: float = 0.0,
-                 grid_size: tuple[int, int] | None = None, num_prefix_tokens: int = 1):
+                 grid_size: tuple[int, int] | None = None, num_prefix_tokens: int = 1,
+                 qk_norm: bool = False, norm_layer: type[nn.Module] | None = None):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
@@ -187,6 +189,13 @@ class LinearAttention(nn.Module):
         self.grid_size = tuple(grid_size) if grid_size is not None else None
         self.num_prefix_tokens = num_prefix_tokens
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        # timm's q/k norms (qk_norm=True), by timm's names and on the per-head q and k before any
+        # kernel, so that a teacher's norms copy over and act as they did under softmax.
+        # `norm_layer` defaults to the ViT's own (timm's LayerNorm, eps 1e-6); swap_attention
+        # puts fresh copies of the teacher's modules here instead, whatever their class and eps.
+        norm_layer = norm_layer or LayerNorm
+        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -225,9 +234,12 @@ class LinearAttention(nn.Module):
 
     # -- shared ------------------------------------------------------------------------------
     def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, H, N, D) of input x, q and k normalized as in timm's Attention. forward and
+        the implicit matrices both start here, so the q/k norms act in every operator."""
         b, n, c = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qkv.unbind(0)
+        q, k, v = qkv.unbind(0)
+        return self.q_norm(q), self.k_norm(k), v
 
     def patch_slice(self, n: int) -> slice:
         """The patch tokens of a sequence of length n (prefix tokens come first, as in timm)."""

@@ -11,7 +11,8 @@ norm of a 1-dimensional head would only keep its sign), and no normalizer:
 O(N C): the global feature sum_j k^_j * v_j is computed once. Written as attention, channel-head
 c mixes the tokens of value channel c with the matrix A_c[i, j] = q^_ic k^_jc (signed, and its
 rows do not sum to one). `split_heads` is overridden accordingly (channel c of q/k/v is head
-c, so `attend` sees (B, C, N, 1) tensors). `implicit` returns the C matrices in
+c, so `attend` sees (B, C, N, 1) tensors; timm's q/k norms, if any, act before, on the teacher's
+heads). `implicit` returns the C matrices in
 ImplicitAttention's grouped form: attn (B, H, C/H, N, N) and v (B, H, N, C/H), H being the
 teacher's `num_heads` (kept on the module), matrix [h, g] acting on value channel h*C/H + g --
 the same C matrices, grouped so that `maps()` (group mean, negatives clipped, rows renormalized)
@@ -108,10 +109,11 @@ class HydraAttention(LinearAttention):
     row_normalized = False  # signed cosine weights and no normalizer
 
     def split_heads(self, x):
+        # The teacher's heads first, so that its q/k norms (qk_norm) act over the head dimension
+        # they were trained on; then (B, C, N, 1): every channel is a head of dimension 1. Without
+        # norms the reshape is a view of the qkv projection (no copy).
         b, n, c = x.shape
-        # (3, B, C, N, 1): every channel is a head of dimension 1.
-        qkv = self.qkv(x).reshape(b, n, 3, c, 1).permute(2, 0, 3, 1, 4)
-        return qkv.unbind(0)
+        return tuple(t.transpose(-1, -2).reshape(b, c, n, 1) for t in super().split_heads(x))
 
     def _normalized(self, q, k):
         # q, k: (B, C, N, 1); normalize over the channel (head) dimension.

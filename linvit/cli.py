@@ -61,7 +61,11 @@ def cmd_teacher(args):
     config = _config(args)
     rt = _runtime(args, config)
     m = run_teacher(config, args.size, args.seed, args.shards, args.out, runtime=rt)
-    _say(rt, f"teacher {args.size} seed {args.seed}: test accuracy {m['test_acc']:.4f} after {m['steps']} steps")
+    if "source" in m:  # loaded, not trained
+        _say(rt, f"teacher {args.size}: {m['model']} loaded from {m['file'] or 'timm hub/cache'} "
+                 f"({m['params']} parameters)")
+    else:
+        _say(rt, f"teacher {args.size} seed {args.seed}: test accuracy {m['test_acc']:.4f} after {m['steps']} steps")
 
 
 def cmd_distill(args):
@@ -148,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     device_help = ("auto (CUDA when available, else CPU), cpu, cuda or cuda:N; overrides the config's "
                    "runtime.device")
 
-    def command(name, fn, help, *args, computes=True):
+    def command(name, fn, help, *args, computes=True, optional=("distilled",)):
         p = sub.add_parser(name, help=help)
         p.add_argument("--config", help="config file (YAML or JSON)")
         p.add_argument("--config-json", help="the config as JSON text (what the workflow passes)")
@@ -156,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         if computes:
             p.add_argument("--device", default=None, help=device_help)
         for a in args:
-            p.add_argument(f"--{a}", required=a not in ("distilled",),
+            p.add_argument(f"--{a}", required=a not in optional,
                            type=int if a == "seed" else str)
         p.set_defaults(fn=fn)
         return p
@@ -166,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(fn=cmd_check_config, config_json=None)
     command("shards", cmd_shards, "write a dataset's webdataset shards and manifest", "dataset", "out",
             computes=False)
-    command("teacher", cmd_teacher, "pretrain the softmax teacher", "size", "seed", "shards", "out")
+    command("teacher", cmd_teacher, "pretrain the softmax teacher, or load a pretrained one (config.teachers)",
+            "size", "seed", "shards", "out", optional=("seed", "shards"))
     command("distill", cmd_distill, "distill the teacher's attention into a linear student",
             "dataset", "size", "variant", "seed", "teacher", "shards", "out")
     command("student", cmd_student, "initialize a student from the teacher and train it",

@@ -14,6 +14,8 @@ import yaml
 
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 REFERENCE_INIT = "reference"  # the init name of the softmax reference runs (linvit.grid.REFERENCE_INIT)
+# Sources that read a user's folder or file: their `path` is checked when the config is, before planning.
+NEEDS_PATH = ("imagefolder", "cifar", "idx")
 REFERENCE_STRATEGY = {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": False}
 
 
@@ -76,12 +78,23 @@ def check_names(config: dict) -> None:
         raise ConfigError(f"config key variants: {SOFTMAX!r} is the teacher and the reference, not a linear "
                           f"variant; list linear variants only")
     _known("variant", "variants", config["variants"], [v for v in names("variant") if v != SOFTMAX])
-    _known("size", "sizes", config["sizes"], SIZES)
+    teachers = config.get("teachers", {})
+    _known("size", "sizes", config["sizes"], {*SIZES, *teachers})
     datasets = config["datasets"]
     _known("dataset", "targets", config["targets"], datasets)
-    _known("dataset", "teacher.dataset", [config["teacher"]["dataset"]], datasets)
+    trained = trained_sizes(config)
+    if trained:
+        teacher = config.get("teacher", {})
+        missing = [k for k in ("dataset", "train") if k not in teacher]
+        if missing:
+            raise ConfigError(f"config key teacher.{missing[0]}: sizes {', '.join(trained)} are trained by the "
+                              f"harness and need it (or name them under `teachers:` to load pretrained weights)")
+        _known("dataset", "teacher.dataset", [teacher["dataset"]], datasets)
     for name, spec in datasets.items():
         _known("source", f"datasets.{name}.source", [spec["source"]], names("source"))
+        if spec["source"] in NEEDS_PATH and "path" not in spec:
+            raise ConfigError(f"config key datasets.{name}.path: source {spec['source']!r} reads the dataset from "
+                              f"a folder you give (set it in the config, or in a second --configfile)")
     strategies = config["init_strategies"]
     if REFERENCE_INIT in strategies:
         # init_strategy() would silently replace it by the reference's, and its runs share its name.
@@ -98,6 +111,16 @@ def validate(config: dict, schema_path: str | Path = SCHEMA) -> dict:
     validate_schema(config, schema_path)
     check_names(config)
     return config
+
+
+def pretrained(config: dict, size: str) -> dict | None:
+    """The `teachers:` entry of a loaded (pretrained) teacher, None for a size the harness trains."""
+    return config.get("teachers", {}).get(size)
+
+
+def trained_sizes(config: dict) -> list[str]:
+    """The sizes of the grid whose teacher the harness trains (the others are loaded)."""
+    return [s for s in config["sizes"] if pretrained(config, s) is None]
 
 
 def init_strategy(config: dict, init: str) -> dict:

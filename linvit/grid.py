@@ -5,7 +5,8 @@ the DAG and the list of expected results can never disagree, and each path is sp
 path functions take plain strings, so the rules pass Snakemake wildcards ("{size}") through them.
 
     results/data/<dataset>/                              shards and _info.json (rule shards)
-    results/teacher/<size>/                              the softmax teacher (rule teacher)
+    results/teacher/<size>/                              the softmax teacher (rule teacher, or
+                                                         teacher_pretrained for config.teachers)
     results/distill/<dataset>/<size>/<variant>/seed<s>/  distilled attention (rule distill)
     results/students/<dataset>/<size>/<variant>/<init>/seed<s>/   students and the softmax reference
     results/logs/<rule>/...log, results/benchmarks/<rule>/...tsv   per job
@@ -67,6 +68,8 @@ class Cell:
 
 # Files of a trained model's folder (teacher, student, softmax reference).
 MODEL_FILES = ("metrics.json", "model.json", "model.safetensors", "config.json", "train.jsonl")
+# Files of a pretrained teacher's folder (loaded, not trained: no training log).
+PRETRAINED_FILES = ("metrics.json", "model.json", "model.safetensors", "config.json")
 # Files of a distillation folder.
 DISTILL_FILES = ("metrics.json", "attention.safetensors", "config.json", "train.jsonl")
 

@@ -12,15 +12,18 @@ import os
 import shlex
 
 from linvit import grid
+from linvit.config import trained_sizes
 from linvit.grid import all_cells
 
 CELLS = all_cells(config)
-TEACHER_DATASET = config["teacher"]["dataset"]
-TEACHER_SEED = config["teacher"].get("seed", 0)
+TEACHER = config.get("teacher", {})
+TRAINED_SIZES = trained_sizes(config)  # teachers the harness trains; the other sizes are loaded
+LOADED_SIZES = [s for s in config["sizes"] if s not in TRAINED_SIZES]
 
 
 def _alternatives(names):
-    return "|".join(sorted(names))
+    # A regex matching none of nothing: a rule whose wildcard may take no value never matches.
+    return "|".join(sorted(names)) if names else "(?!)"
 
 
 wildcard_constraints:
@@ -46,6 +49,12 @@ def job_config(*keys):
         if last in node:
             target[last] = node[last]
     return json.dumps(parts, sort_keys=True)
+
+
+def input_keys(dataset):
+    """The config keys that decide what a model sees of `dataset` (linvit.inputs): its transform and
+    label space. A job that trains or evaluates on it reads them, so editing them reruns those jobs."""
+    return (f"datasets.{dataset}.transform", f"datasets.{dataset}.labels")
 
 
 # Resources per rule. `resources:` in the config gives each rule's threads, mem_mb, runtime
@@ -118,7 +127,7 @@ def strategy(init):
 
 # Wildcard patterns of the paths, spelled by linvit.grid.
 SHARDS = grid.shards_dir("{dataset}")
-TEACHER = grid.teacher_dir("{size}")
+TEACHER_DIR = grid.teacher_dir("{size}")
 DISTILL_KEY = grid.distill_key("{dataset}", "{size}", "{variant}", "{seed}")
 DISTILL = grid.distill_dir("{dataset}", "{size}", "{variant}", "{seed}")
 RUN_KEY = grid.run_key("{dataset}", "{size}", "{variant}", "{init}", "{seed}")
@@ -131,6 +140,12 @@ def teacher_model(wc):
     """What a job reads of the teacher: its architecture (model.json) and weights."""
     folder = grid.teacher_dir(wc.size)
     return {"teacher_json": f"{folder}/model.json", "teacher_weights": f"{folder}/model.safetensors"}
+
+
+def teacher_file(wc):
+    """A pretrained teacher's weights file, when it comes from one (else timm's hub or cache)."""
+    file = config["teachers"][wc.size].get("file")
+    return {"weights": os.path.expanduser(file)} if file else {}
 
 
 def in_folder(key):

@@ -12,7 +12,7 @@ rule evaluate:
         variant=_alternatives(list(config["variants"]) + [grid.REFERENCE_VARIANT]),
         init=_alternatives(list(config["init_strategies"]) + [grid.REFERENCE_INIT]),
     params:
-        cfg=job_config("evaluation", "runtime"),
+        cfg=lambda wc: job_config("evaluation", "runtime", *input_keys(wc.dataset)),
         run=in_folder("run_metrics"),
         teacher=in_folder("teacher_json"),
     log:

@@ -9,7 +9,7 @@ rule distill:
         **files(DISTILL, grid.DISTILL_FILES),
     params:
         # evaluation: the probe batch is evaluation.fidelity_samples test images.
-        cfg=job_config("distill", "evaluation", "runtime"),
+        cfg=lambda wc: job_config("distill", "evaluation", "runtime", *input_keys(wc.dataset)),
         teacher=in_folder("teacher_json"),
         out=out_folder,
         launch=launcher,
@@ -37,7 +37,7 @@ rule reference:
     output:
         **files(REFERENCE, grid.MODEL_FILES),
     params:
-        cfg=job_config("student", "runtime"),
+        cfg=lambda wc: job_config("student", "runtime", *input_keys(wc.dataset)),
         variant=grid.REFERENCE_VARIANT,
         init=grid.REFERENCE_INIT,
         teacher=in_folder("teacher_json"),
@@ -65,7 +65,7 @@ rule student:
     output:
         **files(RUN, grid.MODEL_FILES),
     params:
-        cfg=lambda wc: job_config("student", f"init_strategies.{wc.init}", "runtime"),
+        cfg=lambda wc: job_config("student", f"init_strategies.{wc.init}", "runtime", *input_keys(wc.dataset)),
         teacher=in_folder("teacher_json"),
         distilled=distilled_option,
         out=out_folder,

@@ -1,12 +1,16 @@
-# The softmax teacher, pretrained on config.teacher.dataset; every student starts from it.
+# The softmax teacher every student starts from: trained here on config.teacher.dataset (rule
+# teacher, the sizes of linvit.sizes), or loaded from timm's hub, its cache or a file (rule
+# teacher_pretrained, the names under config.teachers).
 rule teacher:
     input:
-        shards=grid.shards_dir(TEACHER_DATASET),
+        shards=grid.shards_dir(TEACHER.get("dataset", "")),
     output:
-        **files(TEACHER, grid.MODEL_FILES),
+        **files(TEACHER_DIR, grid.MODEL_FILES),
+    wildcard_constraints:
+        size=_alternatives(TRAINED_SIZES),
     params:
-        cfg=job_config("teacher", "runtime"),
-        seed=TEACHER_SEED,
+        cfg=job_config("teacher", "runtime", *input_keys(TEACHER.get("dataset", ""))),
+        seed=TEACHER.get("seed", 0),
         out=out_folder,
         launch=launcher,
         threads=rank_threads,
@@ -22,3 +26,26 @@ rule teacher:
     shell:
         "{params.launch} linvit teacher --config-json {params.cfg:q} --size {wildcards.size} --seed {params.seed}"
         " --shards {input.shards:q} --out {params.out:q} --threads {params.threads} > {log:q} 2>&1"
+
+
+# A pretrained teacher: weights from a file (an input, so a new file reruns it) or timm's hub/cache.
+rule teacher_pretrained:
+    input:
+        unpack(teacher_file),
+    output:
+        **files(TEACHER_DIR, grid.PRETRAINED_FILES),
+    wildcard_constraints:
+        size=_alternatives(LOADED_SIZES),
+    params:
+        cfg=lambda wc: job_config(f"teachers.{wc.size}"),
+        out=out_folder,
+    log:
+        grid.log_path("teacher", "{size}"),
+    benchmark:
+        grid.benchmark_path("teacher", "{size}")
+    threads: 1
+    resources:
+        mem_mb=res("teacher", "mem_mb", 4000),
+        runtime=res("teacher", "runtime", 60),
+    shell:
+        "linvit teacher --config-json {params.cfg:q} --size {wildcards.size} --out {params.out:q} > {log:q} 2>&1"

@@ -150,8 +150,8 @@ def load_weights(path) -> dict[str, torch.Tensor]:
                 state = checkpoint[key]
                 break
     if not isinstance(state, dict) or not state:
-        raise TeacherError(f"weights file {path} holds a {type(state).__name__}, not a mapping of "
-                           f"parameter names to tensors")
+        what = "no tensors" if isinstance(state, dict) else f"a {type(state).__name__}"
+        raise TeacherError(f"weights file {path} holds {what}, not a mapping of parameter names to tensors")
     bad = next((k for k, v in state.items() if not isinstance(k, str) or not isinstance(v, torch.Tensor)), None)
     if bad is not None:
         raise TeacherError(f"weights file {path} is not a mapping of parameter names to tensors: "
@@ -198,8 +198,11 @@ def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = Non
         try:
             model = timm.create_model(timm_model, pretrained=True, **model_args)
         except Exception as err:  # offline and not cached, no published weights, a bad download
+            from huggingface_hub import constants
+
             raise TeacherError(f"cannot load pretrained weights of timm model {timm_model!r} from the hub "
-                               f"or its cache: {type(err).__name__}: {_line(err)}") from None
+                               f"or its cache ({constants.HF_HUB_CACHE}): {type(err).__name__}: "
+                               f"{_line(err)}") from None
         return model.eval(), describe(model, timm_model=timm_model, model_args=model_args, source="hub")
 
     file = Path(file)
@@ -313,13 +316,26 @@ def save_timm_checkpoint(model: VisionTransformer, arch: dict, folder) -> Path:
             raise TeacherError(f"timm model {name!r} with {variant!r} attention has no timm name: "
                                f"timm can only rebuild linvit_<size>_<variant> students")
         name = model_name(size, variant)
-    weights = write_safetensors(folder / "model.safetensors", model.state_dict())
-    cfg = dict(getattr(model, "pretrained_cfg", None) or {}, architecture=name)
     data = {k: tuple(v) if isinstance(v, list) else v for k, v in (arch.get("pretrained_cfg") or {}).items()}
+    # timm's exporter starts from the model's pretrained_cfg (a model built outside timm's factory,
+    # such as build_vit's, has none: the arch's stands in), under the name that rebuilds it.
+    had = hasattr(model, "pretrained_cfg")
+    saved = getattr(model, "pretrained_cfg", None)
+    if saved:
+        cfg = dict(saved, architecture=name)
+    else:
+        default = timm.models.get_pretrained_cfg(name)
+        h, w = _pair(model.patch_embed.img_size)
+        cfg = {**(default.to_dict() if default else {}), **data, "architecture": name,
+               "input_size": (model.patch_embed.proj.in_channels, h, w), "num_classes": model.num_classes}
+    weights = write_safetensors(folder / "model.safetensors", model.state_dict())
     with atomic_path(folder / "config.json") as tmp:
-        saved, model.pretrained_cfg = model.pretrained_cfg, cfg
+        model.pretrained_cfg = cfg
         try:
             save_config_for_hf(model, str(tmp), model_args=model_args, data_config=data)
         finally:
-            model.pretrained_cfg = saved
+            if had:
+                model.pretrained_cfg = saved
+            else:
+                del model.pretrained_cfg
     return weights

@@ -187,7 +187,8 @@ def test_hub_weights_from_the_local_cache(hub_cache):
 def test_hub_weights_not_cached_offline_is_one_line(hub_cache):
     with pytest.raises(TeacherError) as err:
         teachers.load_pretrained(DEIT)
-    assert repr(DEIT) in _one_line(err)
+    text = _one_line(err)
+    assert repr(DEIT) in text and str(hub_cache) in text
     assert err.value.__cause__ is None and err.value.__suppress_context__
 
 
@@ -325,3 +326,39 @@ def test_build_model_legacy_arch():
                        same_labels=True)
     arch = teachers.describe(teacher, timm_model="linvit_micro_softmax", size="micro")
     assert arch["patch_size"] == 4 and arch["size"] == "micro" and arch["pretrained_cfg"]["crop_pct"] == 1.0
+
+
+def test_build_model_student_keeps_qk_norm():
+    args = {"embed_dim": 64, "depth": 1, "num_heads": 2, "qk_norm": True}
+    teacher = _vit("vit_small_patch16_224", **args)
+    student = teachers.build_model(_arch(teacher, "vit_small_patch16_224", args), variant="elu", img_size=32)
+    norms = lambda m: {k: v.shape for k, v in m.state_dict().items() if "_norm." in k}  # noqa: E731
+    assert norms(student) == norms(teacher) and len(norms(student)) == 4
+    assert isinstance(student.blocks[0].attn, LinearAttention)
+
+
+def test_save_timm_checkpoint_of_linvit_models(tmp_path):
+    """A legacy linvit model (built by build_vit, outside timm's factory) and its linear student
+    export under the timm names that rebuild them; a linear student of a foreign model cannot."""
+    from linvit.models import build_vit
+
+    legacy = {"size": "micro", "variant": "softmax", "num_classes": 10, "img_size": [28, 28], "in_chans": 1}
+    x = torch.randn(2, 1, 28, 28)
+    for variant in ("softmax", "elu"):
+        torch.manual_seed(0)
+        model = build_vit("micro", num_classes=10, img_size=28, in_chans=1, variant=variant).eval()
+        assert not hasattr(model, "pretrained_cfg")
+        weights = teachers.save_timm_checkpoint(model, {**legacy, "variant": variant}, tmp_path / variant)
+        assert not hasattr(model, "pretrained_cfg")
+        config = json.loads((tmp_path / variant / "config.json").read_text())
+        assert config["architecture"] == f"linvit_micro_{variant}"
+        again = timm.create_model(config["architecture"], pretrained=True,
+                                  pretrained_cfg_overlay=dict(file=str(weights)), **config["model_args"])
+        with torch.no_grad():
+            assert torch.equal(again.eval()(x), model(x))
+    deit = _vit(depth=1)
+    arch = _arch(deit, args={"depth": 1})
+    with pytest.raises(TeacherError) as err:
+        teachers.save_timm_checkpoint(teachers.build_model(arch, variant="elu"), arch, tmp_path / "no")
+    assert repr(DEIT) in _one_line(err) and "'elu'" in str(err.value)
+    assert not (tmp_path / "no").exists()

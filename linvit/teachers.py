@@ -21,7 +21,6 @@ size), its hub and cache, its position-embedding resampling and its Hugging Face
 from __future__ import annotations
 
 import argparse
-import math
 import pickle
 from pathlib import Path
 

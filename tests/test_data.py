@@ -191,21 +191,17 @@ def test_imagefolder_reads_sorted_classes(tmp_path):
             for i in range(n):
                 _png(tmp_path / split / cls / f"{i}.png", (6, 5), 10 * c + i, mode="RGB")
     raw = load_raw("f", {"source": "imagefolder", "path": str(tmp_path)})
-    assert raw.classes == ["cat", "dog"]
-    x, y = raw.splits["train"]
-    assert x.shape == (6, 5, 6) and x.dtype == np.uint8 and list(y) == [0, 0, 0, 1, 1, 1]
-    assert x[0, 0, 0] == Image.new("RGB", (1, 1), (10, 245, 7)).convert("L").getpixel((0, 0))  # cat/0.png as L
-    rgb = load_raw("f", {"source": "imagefolder", "path": str(tmp_path), "channels": 3, "image_size": 4})
-    assert rgb.splits["test"][0].shape == (4, 4, 4, 3)
+    assert raw.classes == ["cat", "dog"] and raw.channels == 3
+    files = raw.splits["train"]
+    assert [rel for _, rel, _ in files][:2] == ["train/cat/0.png", "train/cat/1.png"]
+    assert [label for _, _, label in files] == [0, 0, 0, 1, 1, 1]
+    assert len(raw.splits["test"]) == 4
+    assert load_raw("f", {"source": "imagefolder", "path": str(tmp_path), "channels": 1}).channels == 1
 
 
 def test_imagefolder_errors_name_the_problem(tmp_path):
     _png(tmp_path / "train" / "a" / "0.png", (4, 4), 1)
-    _png(tmp_path / "train" / "a" / "1.png", (5, 4), 1)
     _png(tmp_path / "test" / "b" / "0.png", (4, 4), 1)
-    with pytest.raises(DataError, match=r"train/a/1\.png.*image_size"):
-        load_raw("f", {"source": "imagefolder", "path": str(tmp_path)})
-    (tmp_path / "train" / "a" / "1.png").unlink()
     with pytest.raises(DataError, match=r"test.*\['b'\].*\['a'\]"):
         load_raw("f", {"source": "imagefolder", "path": str(tmp_path)})
 
@@ -312,7 +308,8 @@ def test_limit_and_fixed_batch_take_the_first_samples_in_manifest_order(synth_di
 def _copy(src: Path, dst: Path) -> Path:
     dst.mkdir()
     for p in src.iterdir():
-        (dst / p.name).write_bytes(p.read_bytes())
+        if p.is_file():  # not _progress/, the writer's records
+            (dst / p.name).write_bytes(p.read_bytes())
     return dst
 
 

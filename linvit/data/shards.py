@@ -1,18 +1,41 @@
-"""Write a dataset's raw arrays as webdataset shards plus a manifest (``_info.json``).
+"""Write a dataset as webdataset shards plus a manifest (``_info.json``).
 
-Layout of ``out_dir``: ``{split}-{i:04d}.tar`` shards, each sample a ``png`` image and a ``cls``
-label, and ``_info.json`` written last, so its presence means every shard it lists is complete.
-The same inputs give byte-identical shards (fixed tar mtimes and owners, deterministic PNG
-encoding, seeded pre-shuffle), so the manifest's sha256 sums are reproducible.
+Layout of ``out_dir``: ``{split}-{i:04d}.tar`` shards, ``_progress/{shard}.json`` (one record per
+finished shard) and ``_info.json``, written last, so its presence means every shard it lists is
+complete. Two formats:
+
+- ``"format": "png"`` (array sources: idx, fashion_mnist, digits, synthetic, cifar): each sample a
+  ``png`` image (losslessly encoded from the arrays) and a ``cls`` label. mean/std are exact, over
+  every pixel of the train split. (A manifest without ``format`` is this one.)
+- ``"format": "encoded"`` (file sources: imagefolder): each sample the file's original bytes under
+  its extension key (``jpg`` for .jpg/.jpeg/.JPEG, ``png``, ``webp``, ...; the webdataset
+  convention), ``cls``, and ``json`` = ``{"path": <path relative to the dataset folder>}`` so that
+  errors can name the original file. Every image is fully decoded once while writing: a corrupt one
+  is a one-line DataError naming the file (``on_corrupt: error``, the default) or is left out,
+  reported on stderr and listed under the manifest's ``skipped`` (``on_corrupt: skip``). mean/std
+  (per channel, 0..1, in the ``channels`` mode) are estimated from a deterministic sample of at most
+  1000 training images (``STATS_IMAGES``), seeded by the shard seed; ``image_size`` is the common
+  ``[h, w]`` if every image has it, else null.
+
+Shards are independent and written by a process pool (``workers``; default min(4, CPUs)). The order
+of the samples and their split into shards is decided, seeded, before anything is written, and tar
+mtimes and owners are fixed, so the same inputs give byte-identical shards and manifest whatever
+the number of workers. A rerun after a kill keeps each shard whose record in ``_progress/`` matches
+both the shard's inputs and the file's sha256, and writes only the rest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
+import multiprocessing
+import os
 import sys
 import zlib
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,40 +43,232 @@ import webdataset as wds
 from PIL import Image
 
 from linvit import __version__
-from linvit.data.sources import DataError, load_raw
+from linvit.data.sources import DataError, EncodedData, RawData, load_raw
 from linvit.io import atomic_path, file_sha256, remove_stale_temps, write_text
 
-__all__ = ["MANIFEST", "file_sha256", "write_shards"]
+__all__ = ["MANIFEST", "PROGRESS", "STATS_IMAGES", "default_workers", "file_sha256", "image_key",
+           "write_shards"]
 
 MANIFEST = "_info.json"
+PROGRESS = "_progress"  # one record per finished shard: {name, samples, sha256, inputs, ...}
+STATS_IMAGES = 1000  # encoded datasets: mean/std from at most this many training images
+
+# Suffix -> sample key, where the webdataset convention differs from the bare suffix.
+_KEY_OF_SUFFIX = {".jpeg": "jpg", ".jpe": "jpg", ".jfif": "jpg", ".tif": "tiff"}
+
+
+def image_key(path: str | Path) -> str:
+    """The sample key a file's bytes are stored under: ``jpg`` for .jpg/.jpeg/.JPEG, else the suffix."""
+    suffix = Path(path).suffix.lower()
+    return _KEY_OF_SUFFIX.get(suffix, suffix[1:])
+
+
+def default_workers() -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
 
 
 def write_shards(name: str, spec: dict, out_dir: str | Path, *, seed: int = 0,
-                 samples_per_shard: int = 10000) -> dict:
-    """Load dataset ``name`` (config entry ``spec``), write its shards to ``out_dir``; return the manifest."""
+                 samples_per_shard: int = 10000, workers: int | None = None) -> dict:
+    """Load dataset ``name`` (config entry ``spec``), write its shards to ``out_dir``; return the manifest.
+
+    ``workers``: processes writing shards in parallel (None: min(4, CPUs); 1: in this process).
+    Encoded datasets read ``spec["on_corrupt"]`` (``error`` or ``skip``).
+    """
     if samples_per_shard < 1:
         raise DataError(f"samples_per_shard must be at least 1, got {samples_per_shard}")
+    workers = default_workers() if workers is None else int(workers)
+    if workers < 1:
+        raise DataError(f"workers must be at least 1, got {workers}")
     raw = load_raw(name, spec)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir)  # what a killed writer left; the shards are rewritten below
+    remove_stale_temps(out_dir)  # what a killed writer left; those shards are rewritten below
+    remove_stale_temps(out_dir / PROGRESS)
     # An old manifest would vouch for shards we are about to replace; drop it first so that an
     # interrupted rewrite leaves a directory that is visibly incomplete rather than inconsistent.
     (out_dir / MANIFEST).unlink(missing_ok=True)
+    if isinstance(raw, EncodedData):
+        return _write_encoded(name, spec, raw, out_dir, seed, samples_per_shard, workers)
+    return _write_arrays(name, spec, raw, out_dir, seed, samples_per_shard, workers)
 
+
+# -- jobs: one per shard, run here or in a worker process ---------------------------------------
+
+
+@dataclass
+class _Job:
+    out_dir: str
+    name: str  # shard file name
+    dataset: str
+    inputs: str  # sha256 of everything that determines the shard's bytes
+    format: str  # "png" | "encoded"
+    keys: list[str] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    images: np.ndarray | None = None  # png: the chunk's uint8 arrays
+    files: list[tuple[str, str, bool]] = field(default_factory=list)  # encoded: (file, relpath, in stats)
+    channels: int = 3
+    on_corrupt: str = "error"
+
+
+def _split_order(split: str, n: int, seed: int) -> np.ndarray:
+    # Each split gets its own stream derived from (seed, split name), so adding or removing a
+    # split never changes another split's order.
+    return np.random.default_rng([seed, zlib.crc32(split.encode())]).permutation(n)
+
+
+def _chunks(order: np.ndarray, samples_per_shard: int) -> list[np.ndarray]:
+    return [order[i * samples_per_shard:(i + 1) * samples_per_shard]
+            for i in range(math.ceil(len(order) / samples_per_shard))]
+
+
+def _record_path(out_dir: Path, shard: str) -> Path:
+    return out_dir / PROGRESS / f"{shard}.json"
+
+
+def _finished(job: _Job) -> dict | None:
+    """The record of a shard an earlier run completed from the same inputs, if its file is intact."""
+    out_dir = Path(job.out_dir)
+    try:
+        record = json.loads(_record_path(out_dir, job.name).read_text())
+        if record.get("inputs") == job.inputs and record.get("name") == job.name and \
+                file_sha256(out_dir / job.name) == record.get("sha256"):
+            return record
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
+def _run_jobs(jobs: list[_Job], workers: int) -> list[dict]:
+    """Each job's record, in job order: kept from an earlier run, or written now (in parallel)."""
+    records: list[dict | None] = [_finished(job) for job in jobs]
+    for job, record in zip(jobs, records):
+        if record is not None:
+            print(f"[linvit.data] {job.dataset}: kept {Path(job.out_dir) / job.name} "
+                  f"({record['samples']} samples, complete)", file=sys.stderr)
+    todo = [i for i, r in enumerate(records) if r is None]
+    if workers == 1 or len(todo) <= 1:
+        for i in todo:
+            records[i] = _write_shard(jobs[i])
+        return records
+    # forkserver: safe with torch (and its threads) already imported in this process.
+    context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
+                                          else "spawn")
+    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
+        futures = {pool.submit(_write_shard, jobs[i]): i for i in todo}
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [f for f in done if f.exception() is not None]
+        if failed:
+            for f in pending:
+                f.cancel()
+            # The first failing shard in shard order, so the error does not depend on timing.
+            raise min(failed, key=lambda f: futures[f]).exception()
+        for f, i in futures.items():
+            records[i] = f.result()
+    return records
+
+
+def _write_shard(job: _Job) -> dict:
+    out_dir = Path(job.out_dir)
+    path = out_dir / job.name
+    skipped: list[dict] = []
+    hist = np.zeros((job.channels, 256), dtype=np.int64)
+    sizes: set[tuple[int, int]] = set()
+    written = stats_images = 0
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        # mtime fixed (TarWriter's default is "now") so reruns give the same bytes and sha256.
+        with wds.TarWriter(f, mtime=0) as writer:
+            if job.format == "png":
+                for key, image, label in zip(job.keys, job.images, job.labels):
+                    writer.write({"__key__": key, "png": _png_bytes(image), "cls": int(label)})
+                    written += 1
+            else:
+                for key, (file, relpath, in_stats), label in zip(job.keys, job.files, job.labels):
+                    data, image, why = _check_image(file, job.channels, in_stats)
+                    if why is not None:
+                        if job.on_corrupt != "skip":
+                            raise DataError(f"{file}: corrupt image ({why}); set the dataset's "
+                                            "'on_corrupt: skip' to leave such files out")
+                        print(f"[linvit.data] {job.dataset}: skipped corrupt image {file} ({why})", file=sys.stderr)
+                        skipped.append({"path": relpath, "error": why})
+                        continue
+                    sizes.add(image[0])
+                    if in_stats:
+                        stats_images += 1
+                        arr = image[1].reshape(-1, job.channels)
+                        for c in range(job.channels):
+                            hist[c] += np.bincount(arr[:, c], minlength=256)
+                    writer.write({"__key__": key, image_key(file): data, "cls": int(label),
+                                  "json": json.dumps({"path": relpath}).encode()})
+                    written += 1
+    record = {"name": job.name, "samples": written, "sha256": file_sha256(path), "inputs": job.inputs}
+    if job.format == "encoded":
+        record.update(skipped=skipped, hist=hist.tolist(), stats_images=stats_images,
+                      size=list(next(iter(sizes))) if len(sizes) == 1 else (None if sizes else "none"))
+    write_text(_record_path(out_dir, job.name), json.dumps(record) + "\n")
+    print(f"[linvit.data] {job.dataset}: wrote {path} ({written} samples)", file=sys.stderr)
+    return record
+
+
+def _check_image(file: str, channels: int, in_stats: bool):
+    """(bytes, ((h, w), pixels or None), None) for an image that fully decodes, else (None, None, why)."""
+    try:
+        with open(file, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        return None, None, f"cannot read: {e.strerror or e}"
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()  # the full decode: a truncated JPEG fails here, not in training
+            size = (im.height, im.width)
+            pixels = np.asarray(im.convert("L" if channels == 1 else "RGB")) if in_stats else None
+    except Exception as e:  # noqa: BLE001 - PIL raises OSError, SyntaxError, ValueError, zlib.error...
+        return None, None, " ".join(f"{type(e).__name__}: {e}".split())
+    return data, (size, pixels), None
+
+
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+# -- array datasets: PNG shards -----------------------------------------------------------------
+
+
+def _write_arrays(name: str, spec: dict, raw: RawData, out_dir: Path, seed: int, samples_per_shard: int,
+                  workers: int) -> dict:
     train_images = raw.splits["train"][0]
     image_size, channels = _geometry(train_images)
-    splits = {}
+    jobs, shards_of = [], {}
     for split, (images, labels) in raw.splits.items():
         if _geometry(images) != (image_size, channels):
             raise DataError(f"dataset {name!r}: split {split!r} images are {images.shape[1:]}, "
                             f"train's are {train_images.shape[1:]}")
-        splits[split] = _write_split(name, split, images, labels, out_dir, seed, samples_per_shard)
-
+        order = _split_order(split, len(labels), seed)
+        shards_of[split] = []
+        for i, chunk in enumerate(_chunks(order, samples_per_shard)):
+            keys = [f"{split}-{int(index):07d}" for index in chunk]
+            chunk_images, chunk_labels = np.ascontiguousarray(images[chunk]), [int(v) for v in labels[chunk]]
+            job = _Job(out_dir=str(out_dir), name=f"{split}-{i:04d}.tar", dataset=name, format="png",
+                       keys=keys, labels=chunk_labels, images=chunk_images,
+                       inputs=_digest("png", keys, chunk_labels, str(chunk_images.shape), chunk_images.tobytes()))
+            shards_of[split].append(len(jobs))
+            jobs.append(job)
+    records = _run_jobs(jobs, workers)
+    splits = {split: {"samples": sum(records[j]["samples"] for j in idx),
+                      "shards": [{k: records[j][k] for k in ("name", "samples", "sha256")} for j in idx]}
+              for split, idx in shards_of.items()}
     mean, std = _channel_stats(train_images)
     info = {
         "dataset": name,
         "source": spec["source"],
+        "format": "png",
         "seed": seed,
         "classes": list(raw.classes),
         "num_classes": len(raw.classes),
@@ -72,28 +287,6 @@ def _geometry(images: np.ndarray) -> tuple[tuple[int, int], int]:
     return (int(images.shape[1]), int(images.shape[2])), (1 if images.ndim == 3 else int(images.shape[3]))
 
 
-def _write_split(name: str, split: str, images: np.ndarray, labels: np.ndarray, out_dir: Path,
-                 seed: int, samples_per_shard: int) -> dict:
-    # Each split gets its own stream derived from (seed, split name), so adding or removing a
-    # split never changes another split's order.
-    order = np.random.default_rng([seed, zlib.crc32(split.encode())]).permutation(len(labels))
-    shards = []
-    for i in range(math.ceil(len(order) / samples_per_shard)):
-        chunk = order[i * samples_per_shard:(i + 1) * samples_per_shard]
-        shard_name = f"{split}-{i:04d}.tar"
-        path = out_dir / shard_name
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            # mtime fixed (TarWriter's default is "now") so reruns give the same bytes and sha256.
-            with wds.TarWriter(f, mtime=0) as writer:
-                for index in chunk:
-                    writer.write({"__key__": f"{split}-{int(index):07d}",
-                                  "png": _png_bytes(images[index]),
-                                  "cls": int(labels[index])})
-        shards.append({"name": shard_name, "samples": len(chunk), "sha256": file_sha256(path)})
-        print(f"[linvit.data] {name}: wrote {path} ({len(chunk)} samples)", file=sys.stderr)
-    return {"samples": int(len(order)), "shards": shards}
-
-
 def _png_bytes(image: np.ndarray) -> bytes:
     if image.ndim == 3 and image.shape[2] == 1:
         image = image[:, :, 0]
@@ -108,13 +301,83 @@ def _channel_stats(images: np.ndarray) -> tuple[list[float], list[float]]:
     Computed from a 256-bin histogram per channel: exact, and no float copy of the whole split.
     """
     per_channel = [images.ravel()] if images.ndim == 3 else [images[..., c].ravel() for c in range(images.shape[3])]
+    return _hist_stats([np.bincount(pixels, minlength=256) for pixels in per_channel])
+
+
+def _hist_stats(hists) -> tuple[list[float], list[float]]:
     values = np.arange(256, dtype=np.float64) / 255.0
     means, stds = [], []
-    for pixels in per_channel:
-        counts = np.bincount(pixels, minlength=256).astype(np.float64)
+    for counts in hists:
+        counts = np.asarray(counts, dtype=np.float64)
         total = counts.sum()
+        if total == 0:
+            raise DataError("no training pixels to estimate mean/std from")
         mean = float((counts * values).sum() / total)
         var = float((counts * (values - mean) ** 2).sum() / total)
         means.append(mean)
         stds.append(math.sqrt(var))
     return means, stds
+
+
+# -- file datasets: the original encoded bytes --------------------------------------------------
+
+
+def _write_encoded(name: str, spec: dict, raw: EncodedData, out_dir: Path, seed: int, samples_per_shard: int,
+                   workers: int) -> dict:
+    on_corrupt = spec.get("on_corrupt", "error")
+    if on_corrupt not in ("error", "skip"):
+        raise DataError(f"dataset {name!r}: key 'on_corrupt' must be 'error' or 'skip', got {on_corrupt!r}")
+    n_train = len(raw.splits["train"])
+    stats_rng = np.random.default_rng([seed, zlib.crc32(b"stats")])
+    in_stats = set(stats_rng.choice(n_train, size=min(STATS_IMAGES, n_train), replace=False).tolist())
+    jobs, shards_of = [], {}
+    for split, items in raw.splits.items():
+        order = _split_order(split, len(items), seed)
+        shards_of[split] = []
+        for i, chunk in enumerate(_chunks(order, samples_per_shard)):
+            keys = [f"{split}-{int(index):07d}" for index in chunk]
+            files, labels, described = [], [], []
+            for index in chunk:
+                file, relpath, label = items[int(index)]
+                stats = split == "train" and int(index) in in_stats
+                files.append((str(file), relpath, stats))
+                labels.append(int(label))
+                try:
+                    st = os.stat(file)
+                except OSError as e:
+                    raise DataError(f"{file}: cannot read ({e.strerror or e})") from None
+                described.append([relpath, int(label), stats, st.st_size, st.st_mtime_ns])
+            job = _Job(out_dir=str(out_dir), name=f"{split}-{i:04d}.tar", dataset=name, format="encoded",
+                       keys=keys, labels=labels, files=files, channels=raw.channels, on_corrupt=on_corrupt,
+                       inputs=_digest("encoded", raw.channels, on_corrupt, keys, described))
+            shards_of[split].append(len(jobs))
+            jobs.append(job)
+    records = _run_jobs(jobs, workers)
+    splits = {}
+    for split, idx in shards_of.items():
+        samples = sum(records[j]["samples"] for j in idx)
+        if samples == 0:
+            raise DataError(f"dataset {name!r}: every image of split {split!r} was skipped as corrupt")
+        splits[split] = {"samples": samples,
+                         "shards": [{k: records[j][k] for k in ("name", "samples", "sha256")} for j in idx]}
+    sizes = {tuple(r["size"]) if isinstance(r["size"], list) else r["size"] for r in records} - {"none"}
+    # Only training images are in the stats sample: the other splits' histograms are zero.
+    mean, std = _hist_stats(np.sum([r["hist"] for r in records], axis=0))
+    info = {
+        "dataset": name,
+        "source": spec["source"],
+        "format": "encoded",
+        "seed": seed,
+        "classes": list(raw.classes),
+        "num_classes": len(raw.classes),
+        "image_size": list(next(iter(sizes))) if len(sizes) == 1 and None not in sizes else None,
+        "channels": raw.channels,
+        "mean": mean,
+        "std": std,
+        "stats_images": sum(r["stats_images"] for r in records),
+        "splits": splits,
+        "skipped": [s for r in records for s in r["skipped"]],
+        "linvit_version": __version__,
+    }
+    write_text(out_dir / MANIFEST, json.dumps(info, indent=2) + "\n")
+    return info

@@ -1,14 +1,19 @@
 """Find or fetch raw image-classification data, one registered source per kind of origin.
 
-A source is a function ``(spec) -> RawData`` where ``spec`` is the dataset's config entry
-(``{"source": "digits", ...}``). Sources return plain uint8 arrays; writing shards is
-``shards.py``'s job, reading them ``loader.py``'s.
+A source is a function ``(spec) -> RawData | EncodedData`` where ``spec`` is the dataset's config
+entry (``{"source": "digits", ...}``). Array sources (idx, fashion_mnist, digits, synthetic, cifar)
+return plain uint8 arrays; file sources (imagefolder) return the list of image files, whose
+original bytes go into the shards. Writing shards is ``shards.py``'s job, reading them ``loader.py``'s.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
+import os
+import pickle
 import shutil
+import tarfile
 import sys
 import urllib.error
 import urllib.request
@@ -38,7 +43,7 @@ class RawData:
     classes: list[str]
 
 
-SOURCES: dict[str, Callable[[dict], RawData]] = {}
+SOURCES: dict[str, Callable[[dict], "RawData | EncodedData"]] = {}
 
 
 def register_source(name: str):
@@ -53,12 +58,19 @@ def register_source(name: str):
     return decorate
 
 
-def load_raw(name: str, spec: dict) -> RawData:
-    """Load dataset ``name`` as its config entry ``spec`` says, checking the result's shape."""
+def load_raw(name: str, spec: dict) -> RawData | EncodedData:
+    """Load dataset ``name`` as its config entry ``spec`` says, checking the result's shape.
+
+    Array sources give `RawData` (written as PNG shards); file sources (``imagefolder``) give
+    `EncodedData` (shards that keep each file's original bytes)."""
     source = spec.get("source")
     if source not in SOURCES:
         raise DataError(f"dataset {name!r}: unknown source {source!r} (known: {', '.join(sorted(SOURCES))})")
     raw = SOURCES[source](spec)
+    if isinstance(raw, EncodedData):
+        if "train" not in raw.splits or not all(raw.splits.values()):
+            raise DataError(f"dataset {name!r}: source gave no 'train' split or an empty split")
+        return raw
     _check_raw(name, raw)
     return raw
 
@@ -244,59 +256,185 @@ def digits_source(spec: dict) -> RawData:
                    classes=[str(i) for i in range(10)])
 
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+def image_suffixes() -> set[str]:
+    """File suffixes (lower case, with the dot) of the formats PIL can open: .jpg .jpeg .png .bmp .webp ..."""
+    Image.init()
+    # Not pictures, or formats PIL only opens with plugins or external programs.
+    odd = {".h5", ".hdf", ".bufr", ".grib", ".mpeg", ".mpg", ".ps", ".eps", ".wmf", ".emf", ".fit", ".fits"}
+    return {ext.lower() for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN} - odd
+
+
+IMAGE_SUFFIXES = image_suffixes()
+
+
+@dataclass
+class EncodedData:
+    """A dataset of image files kept as they are encoded: per split, ``(file, relative path, label)``
+    sorted by relative path (relative to ``root``); ``channels`` is the mode samples decode in."""
+
+    splits: dict[str, list[tuple[Path, str, int]]]
+    classes: list[str]
+    channels: int
+    root: Path
+
+
+def _image_files(folder: Path) -> list[Path]:
+    # Recursive (like torchvision's ImageFolder), sorted, hidden files (e.g. macOS "._x.jpg") left out.
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for f in sorted(filenames):
+            if not f.startswith(".") and os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES:
+                found.append(Path(dirpath) / f)
+    return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
 
 
 @register_source("imagefolder")
-def imagefolder_source(spec: dict) -> RawData:
-    """``path/{train,test}/<class>/<image>``; class names are the sorted folder names."""
+def imagefolder_source(spec: dict) -> EncodedData:
+    """``path/train/<class>/*`` and an evaluation folder ``path/test/<class>/*`` or ``path/val/<class>/*``
+    (ImageNet's layout), kept as encoded files: the shards hold each file's original bytes.
+
+    Keys: ``path``; ``channels`` (3, or 1: the mode samples decode in; a grayscale file in an RGB
+    dataset is converted when decoded); ``test_split`` (the folder that becomes the ``test`` split;
+    default ``test`` if it exists, else ``val``). Class names are the sorted train folder names, and
+    the evaluation folder must have the same class folders. Any suffix PIL opens counts as an image
+    (.jpg .jpeg .JPEG .png .bmp .webp ...); whether each file decodes is checked when shards are written.
+    """
     if "path" not in spec:
-        raise DataError("source 'imagefolder' needs a 'path' key: the directory holding train/ and test/")
+        raise DataError("source 'imagefolder' needs a 'path' key: the directory holding train/ and test/ (or val/)")
     root = Path(spec["path"]).expanduser()
-    channels = int(spec.get("channels", 1))
+    channels = int(spec.get("channels", 3))
     if channels not in (1, 3):
         raise DataError(f"imagefolder: key 'channels' must be 1 or 3, got {channels}")
-    size = spec.get("image_size")
-    mode = "L" if channels == 1 else "RGB"
-
-    classes = None
+    test_split = spec.get("test_split")
+    if test_split is None:
+        test_split = "test" if (root / "test").is_dir() or not (root / "val").is_dir() else "val"
+    folders = {"train": root / "train", "test": root / str(test_split)}
+    for split, folder in folders.items():
+        if not folder.is_dir():
+            raise MissingDataError(f"{folder}: missing (imagefolder wants {root}/train and {root}/test or "
+                                   f"{root}/val; key 'test_split' names the evaluation folder)")
+    classes = sorted(d.name for d in folders["train"].iterdir() if d.is_dir() and not d.name.startswith("."))
+    if not classes:
+        raise DataError(f"{folders['train']}: no class folders")
     splits = {}
-    shape = None
-    for split in ("train", "test"):
-        split_dir = root / split
-        if not split_dir.is_dir():
-            raise MissingDataError(f"{split_dir}: missing (imagefolder wants {root}/train and {root}/test)")
-        split_classes = sorted(d.name for d in split_dir.iterdir() if d.is_dir())
-        if classes is None:
-            classes = split_classes
-        elif split_classes != classes:
-            raise DataError(f"{split_dir}: class folders {split_classes} differ from train's {classes}")
-        images, labels = [], []
+    for split, folder in folders.items():
+        found = sorted(d.name for d in folder.iterdir() if d.is_dir() and not d.name.startswith("."))
+        if found != classes:
+            missing, extra = sorted(set(classes) - set(found)), sorted(set(found) - set(classes))
+            raise DataError(f"{folder}: class folders {found} differ from train's {classes} "
+                            f"(missing {missing}, extra {extra})")
+        items = []
         for label, cls in enumerate(classes):
-            files = sorted(p for p in (split_dir / cls).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            files = _image_files(folder / cls)
             if not files:  # a class the model would have to predict but could never learn or be tested on
-                raise DataError(f"{split_dir / cls}: class folder has no images "
-                                f"(looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
-            for file in files:
-                try:
-                    with Image.open(file) as im:
-                        im = im.convert(mode)
-                        if size is not None:
-                            im = im.resize((int(size), int(size)), Image.BILINEAR)
-                        arr = np.asarray(im, dtype=np.uint8)
-                except OSError as e:
-                    raise DataError(f"{file}: cannot read image ({e})") from e
-                if shape is None:
-                    shape = arr.shape
-                elif arr.shape != shape:
-                    raise DataError(f"{file}: size {arr.shape[:2]} differs from {shape[:2]}; "
-                                    "set the dataset's 'image_size' key to resize")
-                images.append(arr)
-                labels.append(label)
-        if not images:
-            raise DataError(f"{split_dir}: no images (looked for {', '.join(sorted(IMAGE_SUFFIXES))})")
-        splits[split] = (np.stack(images), np.asarray(labels, dtype=np.int64))
-    return RawData(splits=splits, classes=classes)
+                raise DataError(f"{folder / cls}: class folder has no images (looked for files PIL opens: "
+                                f"{', '.join(sorted(IMAGE_SUFFIXES)[:8])} ...)")
+            items += [(f, f.relative_to(root).as_posix(), label) for f in files]
+        splits[split] = items
+    return EncodedData(splits=splits, classes=classes, channels=channels, root=root)
+
+
+# --------------------------------------------------------------------------------------------
+# CIFAR-10 / CIFAR-100, the "python version" archives: pickled dicts of numpy arrays.
+
+_CIFAR_ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+                  ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+                  ("numpy._core.multiarray", "scalar"), ("_codecs", "encode")}
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Unpickling is how the CIFAR format works; still, only numpy arrays are built, nothing else."""
+
+    def find_class(self, module, name):
+        if (module, name) not in _CIFAR_ALLOWED:
+            raise pickle.UnpicklingError(f"unexpected object {module}.{name} in a CIFAR file")
+        if module.startswith("numpy.core."):
+            module = "numpy._core." + module[len("numpy.core."):] if hasattr(np, "_core") else module
+        return super().find_class(module, name)
+
+
+def _cifar_members(path: Path) -> tuple[dict[str, bytes], str]:
+    """The CIFAR files by base name, read from the .tar.gz or the (extracted) folder; and where from."""
+    wanted = {"data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch",
+              "batches.meta", "train", "test", "meta"}
+    files: dict[str, bytes] = {}
+    if path.is_file():
+        try:
+            with tarfile.open(path, "r:*") as tar:
+                for member in tar:
+                    base = member.name.rsplit("/", 1)[-1]
+                    if member.isfile() and base in wanted:
+                        files[base] = tar.extractfile(member).read()
+        except (tarfile.TarError, OSError, EOFError) as e:
+            raise DataError(f"{path}: cannot read CIFAR archive ({e})") from e
+        return files, str(path)
+    if not path.is_dir():
+        raise MissingDataError(f"cifar: key 'path' = {path} is neither a .tar.gz nor a folder")
+    for folder in (path, path / "cifar-10-batches-py", path / "cifar-100-python"):
+        if folder.is_dir() and any((folder / w).is_file() for w in ("data_batch_1", "train")):
+            for w in wanted:
+                if (folder / w).is_file():
+                    files[w] = (folder / w).read_bytes()
+            return files, str(folder)
+    raise MissingDataError(f"cifar: {path} holds neither cifar-10-batches-py/data_batch_1 nor cifar-100-python/train")
+
+
+def _cifar_dict(files: dict[str, bytes], name: str, where: str) -> dict[bytes, object]:
+    if name not in files:
+        raise MissingDataError(f"{where}: CIFAR file {name!r} missing")
+    try:
+        d = _CifarUnpickler(io.BytesIO(files[name]), encoding="bytes").load()
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is a malformed file
+        raise DataError(f"{where}: CIFAR file {name!r} does not unpickle ({type(e).__name__}: {e})") from e
+    if not isinstance(d, dict):
+        raise DataError(f"{where}: CIFAR file {name!r} is not a dict")
+    return d
+
+
+def _cifar_split(d: dict, key: bytes, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    if b"data" not in d or key not in d:
+        raise DataError(f"{where}: CIFAR file {name!r} lacks b'data' or {key!r}")
+    data = np.asarray(d[b"data"], dtype=np.uint8)
+    labels = np.asarray(d[key], dtype=np.int64)
+    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+        raise DataError(f"{where}: CIFAR file {name!r}: want (N, 3072) uint8 data and N labels, "
+                        f"got {data.shape} and {labels.shape}")
+    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).copy(), labels
+
+
+def _names(d: dict, key: bytes, name: str, where: str) -> list[str]:
+    if key not in d:
+        raise DataError(f"{where}: CIFAR file {name!r} lacks {key!r}")
+    return [n.decode() if isinstance(n, bytes) else str(n) for n in d[key]]
+
+
+@register_source("cifar")
+def cifar_source(spec: dict) -> RawData:
+    """CIFAR-10 or CIFAR-100 from the python archive (``path`` = ``cifar-10-python.tar.gz`` /
+    ``cifar-100-python.tar.gz`` or the extracted folder). CIFAR-100: ``labels: fine`` (100 classes,
+    default) or ``coarse`` (20). 32x32 RGB arrays; the shards store them as PNG (lossless)."""
+    if "path" not in spec:
+        raise DataError("source 'cifar' needs a 'path' key: cifar-10-python.tar.gz, cifar-100-python.tar.gz "
+                        "or the folder extracted from one")
+    files, where = _cifar_members(Path(spec["path"]).expanduser())
+    if "data_batch_1" in files:
+        splits = [_cifar_split(_cifar_dict(files, f"data_batch_{i}", where), b"labels", f"data_batch_{i}", where)
+                  for i in range(1, 6)]
+        train = (np.concatenate([x for x, _ in splits]), np.concatenate([y for _, y in splits]))
+        test = _cifar_split(_cifar_dict(files, "test_batch", where), b"labels", "test_batch", where)
+        classes = _names(_cifar_dict(files, "batches.meta", where), b"label_names", "batches.meta", where)
+    elif "train" in files:
+        kind = spec.get("labels", "fine")
+        if kind not in ("fine", "coarse"):
+            raise DataError(f"cifar: key 'labels' must be 'fine' or 'coarse', got {kind!r}")
+        key = f"{kind}_labels".encode()
+        train = _cifar_split(_cifar_dict(files, "train", where), key, "train", where)
+        test = _cifar_split(_cifar_dict(files, "test", where), key, "test", where)
+        classes = _names(_cifar_dict(files, "meta", where), f"{kind}_label_names".encode(), "meta", where)
+    else:
+        raise MissingDataError(f"{where}: neither CIFAR-10 (data_batch_1) nor CIFAR-100 (train) files found")
+    return RawData(splits={"train": train, "test": test}, classes=classes)
 
 
 @register_source("synthetic")

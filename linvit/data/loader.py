@@ -14,6 +14,23 @@ output, which would change the order.) The work is split instead where it costs:
   samples in the same order, so the same batches); ``prefetch`` > 0 runs the pipeline in a
   background thread that many batches ahead, and ``pin_memory`` puts them in page-locked memory, so
   a GPU's non-blocking copy does not wait for decoding.
+
+Two ways to turn a stored image into a tensor:
+
+- no ``pipeline`` (the default): the image is decoded as stored (it must have the manifest's
+  ``image_size``) and normalized with the manifest's mean/std; no resizing, no augmentation.
+- a `linvit.data.transforms.Pipeline`: each image is decoded in the pipeline's mode (L or RGB)
+  and put through timm's train transform (``augment``) or eval transform, which resize, crop,
+  augment and normalize. Random augmentation draws from generators seeded per sample from (seed,
+  epoch, sample key), so the batches are the same with any number of workers and when resumed.
+  With ``workers`` > 0 this runs in that many worker processes (forkserver: safe with torch
+  imported; a script that uses them needs the usual ``if __name__ == "__main__":`` guard), each
+  taking a contiguous part of every batch, up to two batches ahead; they stop when the iterator
+  is finished or dropped. With ``prefetch`` but no ``workers``, one worker process does it (the
+  background thread must not reseed the training thread's generators).
+
+Shards of either format (``png``: arrays written losslessly; ``encoded``: original files) are read
+the same way; the image is whichever image key a sample has (``png``, ``jpg``, ``webp``, ...).
 """
 
 from __future__ import annotations
@@ -22,10 +39,12 @@ import functools
 import hashlib
 import io
 import json
+import multiprocessing
 import queue
 import random
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -36,26 +55,35 @@ from PIL import Image
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
 from linvit.data.shards import MANIFEST
-from linvit.data.sources import DataError, MissingDataError
+from linvit.data.sources import IMAGE_SUFFIXES, DataError, MissingDataError
+from linvit.data.transforms import Pipeline, apply, preserved_rng, sample_seed
 from linvit.io import file_sha256
 
 _REQUIRED_KEYS = ("classes", "num_classes", "image_size", "channels", "mean", "std", "splits")
+# The sample keys an image may be stored under (webdataset convention: the file's extension).
+IMAGE_KEYS = frozenset({s[1:] for s in IMAGE_SUFFIXES} | {"jpg", "jpeg", "png", "tiff"})
+LOOKAHEAD = 2  # batches handed to worker processes ahead of the one being consumed
 
 
 class ShardSet:
     """One dataset's shard directory: its manifest, and batches read from its shards."""
 
     def __init__(self, shard_dir: str | Path, *, verify: bool = True, shuffle_buffer: int = 10000,
-                 workers: int = 0, prefetch: int = 0, pin_memory: bool = False):
+                 workers: int = 0, prefetch: int = 0, pin_memory: bool = False, pipeline: Pipeline | None = None):
         self.dir = Path(shard_dir)
-        self.workers = workers  # decoding threads per batch; 0: decode in the pipeline, one by one
+        self.workers = workers  # per batch: decoding threads, or with a pipeline processes; 0: none
         self.prefetch = prefetch  # batches decoded ahead in a background thread; 0: none
         self.pin_memory = pin_memory
+        self.pipeline = pipeline
         self.info = _read_manifest(self.dir / MANIFEST)
+        self.format: str = self.info.get("format", "png")
         self.classes: list[str] = list(self.info["classes"])
         self.num_classes: int = int(self.info["num_classes"])
-        self.image_size: tuple[int, int] = tuple(self.info["image_size"])
-        self.channels: int = int(self.info["channels"])
+        # The stored images' common size (None: sizes vary, so only a pipeline can batch them).
+        self.image_size: tuple[int, int] | None = (tuple(self.info["image_size"])
+                                                   if self.info["image_size"] is not None else None)
+        # What batches have: the pipeline's channels and size, else the manifest's.
+        self.channels: int = int(pipeline.channels if pipeline is not None else self.info["channels"])
         self.mean: list[float] = list(self.info["mean"])
         self.std: list[float] = list(self.info["std"])
         self.shuffle_buffer = shuffle_buffer
@@ -74,6 +102,11 @@ class ShardSet:
                 if file_sha256(path) != shard["sha256"]:
                     raise DataError(f"{path}: sha256 differs from {MANIFEST} (corrupt or rewritten shard)")
 
+    @property
+    def input_size(self) -> tuple[int, int] | None:
+        """(h, w) of the batches: the pipeline's input size, else the stored images' size."""
+        return tuple(self.pipeline.input_size) if self.pipeline is not None else self.image_size
+
     def num_samples(self, split: str) -> int:
         return int(self._split(split)["samples"])
 
@@ -83,18 +116,25 @@ class ShardSet:
 
     def batches(self, split: str, batch_size: int, *, seed: int = 0, epoch: int = 0, shuffle: bool = False,
                 drop_last: bool = False, limit: int | None = None, skip_batches: int = 0,
-                rank: int = 0, ranks: int = 1) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Batches ``(x, y)``: x float32 (B,C,H,W) normalized with the manifest's mean/std, y int64 (B,).
+                rank: int = 0, ranks: int = 1, augment: bool | None = None,
+                ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches ``(x, y)``: x float32 (B,C,H,W) normalized with the manifest's mean/std (with a
+        pipeline: by its transform, at its input size), y int64 (B,).
 
         shuffle: shard order and a sample buffer, both seeded from (seed, epoch).
         limit: only the first ``limit`` samples of the stream. skip_batches: start at batch k.
         rank, ranks: yield rank's contiguous share of each global batch of ``batch_size``
         (batch_size/ranks samples when it divides; an empty share is not yielded).
+        augment (with a pipeline): the train transform, else the eval one; None: when shuffling.
+        Augmentation is seeded per sample from (seed, epoch, sample key).
         """
         if batch_size < 1:
             raise DataError(f"batch_size must be at least 1, got {batch_size}")
         if not 0 <= rank < ranks:
             raise DataError(f"rank {rank} is not one of {ranks} ranks")
+        if self.pipeline is None and self.image_size is None:
+            raise DataError(f"{self.dir / MANIFEST}: the images have different sizes; "
+                            "read them with a Pipeline (transform) that resizes them")
         shards = self._split(split)["shards"]
         urls = [str(self.dir / s["name"]) for s in shards]
         expected = {str(self.dir / s["name"]): (int(s["samples"]), s["sha256"]) for s in shards}
@@ -109,7 +149,21 @@ class ShardSet:
         # Global batches of undecoded samples; this rank keeps its share and decodes only that.
         own = lambda raw: raw[rank * len(raw) // ranks:(rank + 1) * len(raw) // ranks]
         stages += [wds.batched(batch_size, collation_fn=own, partial=not drop_last), wds.select(len)]
-        if self.workers > 0:
+        if self.pipeline is not None:
+            augment = shuffle if augment is None else augment
+            transformer = _Transformer(self.pipeline, self.num_classes, str(self.dir / MANIFEST))
+            seeds = (lambda raw: [sample_seed(seed, epoch, s.get("__key__")) for s in raw]) if augment else \
+                (lambda raw: [None] * len(raw))
+            processes = self.workers if self.workers > 0 else (1 if self.prefetch > 0 else 0)
+            if processes > 0:
+                stages.append(functools.partial(_in_processes, transformer=transformer, augment=augment,
+                                                seeds=seeds, processes=processes, collate=self._to_tensors))
+            else:
+                def here(raw):
+                    with preserved_rng():  # the training loop's own random draws stay as they were
+                        return self._to_tensors(transformer.batch(_strip(raw), seeds(raw), augment))
+                stages.append(wds.map(here))
+        elif self.workers > 0:
             # map keeps the order: the same samples in the same order as decoding one by one.
             pool = ThreadPoolExecutor(self.workers, thread_name_prefix="linvit-decode")
             stages.append(wds.map(lambda raw: self._collate(list(pool.map(self._decode, raw)))))
@@ -132,17 +186,23 @@ class ShardSet:
     def _decode(self, sample: dict) -> tuple[np.ndarray, int]:
         url, key = sample.get("__url__"), sample.get("__key__")
         try:
-            with Image.open(io.BytesIO(sample["png"])) as im:
+            with Image.open(io.BytesIO(_image_bytes(sample))) as im:
                 image = np.asarray(im.convert("L" if self.channels == 1 else "RGB"))
             label = int(sample["cls"])
         except Exception as e:  # PIL raises OSError, SyntaxError or zlib.error on broken PNGs
-            raise DataError(f"{url}: sample {key} does not decode ({type(e).__name__}: {e})") from e
+            raise DataError(f"{url}: sample {key}{_origin(sample)} does not decode ({_one_line(e)})") from e
         if not 0 <= label < self.num_classes:  # else an IndexError deep in the loss, naming nothing
             raise DataError(f"{url}: sample {key} has label {label}, outside 0..{self.num_classes - 1} "
                             f"({self.num_classes} classes in {self.dir / MANIFEST})")
         if image.shape[:2] != self.image_size:
             raise DataError(f"{url}: sample {key} is {image.shape[:2]}, manifest says {self.image_size}")
         return image, label
+
+    def _to_tensors(self, arrays: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = torch.from_numpy(arrays[0]), torch.from_numpy(arrays[1])
+        if self.pin_memory:
+            x, y = x.pin_memory(), y.pin_memory()
+        return x, y
 
     def _collate(self, samples: list[tuple[np.ndarray, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.from_numpy(np.stack([image for image, _ in samples]))
@@ -152,6 +212,120 @@ class ShardSet:
         if self.pin_memory:  # page-locked, so the copy to the GPU can be non-blocking
             x, y = x.pin_memory(), y.pin_memory()
         return x, y
+
+
+def _image_bytes(sample: dict) -> bytes:
+    for key, value in sample.items():
+        if key in IMAGE_KEYS:
+            return value
+    raise KeyError(f"no image key (has {', '.join(k for k in sample if not k.startswith('__'))})")
+
+
+def _origin(sample: dict) -> str:
+    """" (from train/cat/x.jpg)" when the sample records its original file, else ""."""
+    try:
+        return f" (from {json.loads(sample['json'])['path']})" if "json" in sample else ""
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())
+
+
+def _strip(raw: list[dict]) -> list[dict]:
+    """Only what decoding needs (less to send to a worker process)."""
+    return [{k: v for k, v in s.items() if k in ("__key__", "__url__", "cls", "json") or k in IMAGE_KEYS}
+            for s in raw]
+
+
+class _Transformer:
+    """Decode + a pipeline's transform for a list of samples; pickled into worker processes, where
+    it builds timm's transforms once."""
+
+    def __init__(self, pipeline: Pipeline, num_classes: int, manifest: str):
+        self.pipeline, self.num_classes, self.manifest = pipeline, num_classes, manifest
+        self._built: dict[bool, object] = {}
+
+    def __getstate__(self):
+        return {"pipeline": self.pipeline, "num_classes": self.num_classes, "manifest": self.manifest}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _built={})
+
+    def transform(self, augment: bool):
+        if augment not in self._built:
+            self._built[augment] = self.pipeline.transform(train=augment)
+        return self._built[augment]
+
+    def batch(self, samples: list[dict], seeds: list[int | None], augment: bool) -> tuple[np.ndarray, np.ndarray]:
+        transform = self.transform(augment)
+        xs, ys = [], []
+        for sample, seed in zip(samples, seeds):
+            url, key = sample.get("__url__"), sample.get("__key__")
+            try:
+                with Image.open(io.BytesIO(_image_bytes(sample))) as im:
+                    image = im.convert(self.pipeline.mode)
+                x = apply(transform, image, seed)
+                label = int(sample["cls"])
+            except Exception as e:  # noqa: BLE001 - a broken sample, whatever PIL or timm raise
+                raise DataError(f"{url}: sample {key}{_origin(sample)} does not decode ({_one_line(e)})") from None
+            if not 0 <= label < self.num_classes:
+                raise DataError(f"{url}: sample {key} has label {label}, outside 0..{self.num_classes - 1} "
+                                f"({self.num_classes} classes in {self.manifest})")
+            xs.append(np.asarray(x, dtype=np.float32))
+            ys.append(label)
+        return np.stack(xs), np.asarray(ys, dtype=np.int64)
+
+
+_WORKER: _Transformer | None = None
+
+
+def _worker_start(transformer: _Transformer) -> None:
+    global _WORKER
+    torch.set_num_threads(1)  # the parallelism is the processes
+    _WORKER = transformer
+
+
+def _worker_batch(samples: list[dict], seeds: list[int | None], augment: bool) -> tuple[np.ndarray, np.ndarray]:
+    return _WORKER.batch(samples, seeds, augment)
+
+
+def _process_context():
+    """forkserver where there is one (a fresh process forks the workers: safe with torch's threads
+    and locks in this one), preloading the modules the workers need so that each starts fast."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["linvit.data.loader", "timm.data"])
+    return context
+
+
+def _in_processes(src: Iterator[list[dict]], *, transformer: _Transformer, augment: bool, seeds, processes: int,
+                  collate) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Pipeline stage: each batch split into contiguous parts, one per worker process, and put back
+    together in order; up to LOOKAHEAD batches in flight. The pool ends with the iterator."""
+    pool = ProcessPoolExecutor(processes, mp_context=_process_context(), initializer=_worker_start,
+                               initargs=(transformer,))
+    pending: deque = deque()
+
+    def result(futures) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [f.result() for f in futures]  # a worker's DataError is raised here, in order
+        return collate((np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])))
+
+    try:
+        for raw in src:
+            samples, batch_seeds = _strip(raw), seeds(raw)
+            n = len(samples)
+            bounds = [i * n // processes for i in range(processes + 1)]
+            pending.append([pool.submit(_worker_batch, samples[a:b], batch_seeds[a:b], augment)
+                            for a, b in zip(bounds, bounds[1:]) if b > a])
+            if len(pending) > LOOKAHEAD:
+                yield result(pending.popleft())
+        while pending:
+            yield result(pending.popleft())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class _Raised:

@@ -63,6 +63,7 @@ class Pipeline:
         """timm's transform: ``create_transform(input_size=(C,h,w), is_training=train, ...)``; PIL in, tensor out."""
         from timm.data import create_transform
 
+        _patch_timm_posterize()
         return create_transform(input_size=(self.channels, *self.input_size), is_training=train,
                                 mean=self.mean, std=self.std, interpolation=self.interpolation,
                                 crop_pct=self.crop_pct, **(self.train if train else {}))
@@ -90,6 +91,26 @@ class Pipeline:
                       train=train or {})
         fields.update(overrides)
         return cls(**fields)
+
+
+def _posterize(img, bits_to_keep, **__):
+    """timm's posterize, as it behaved before Pillow 12: RandAugment's "inc1" magnitudes (with
+    mstd noise) reach 0 bits, which newer Pillow refuses (ValueError); 0 bits keeps nothing (black)."""
+    from PIL import ImageOps
+
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep < 1:
+        return img.point(lambda _: 0)
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+def _patch_timm_posterize() -> None:
+    from timm.data import auto_augment
+
+    for name, op in list(auto_augment.NAME_TO_OP.items()):
+        if op is auto_augment.posterize:
+            auto_augment.NAME_TO_OP[name] = _posterize
 
 
 def sample_seed(seed: int, epoch: int, key: str) -> int:

@@ -150,10 +150,24 @@ def _run_jobs(jobs: list[_Job], workers: int) -> list[dict]:
             print(f"[linvit.data] {job.dataset}: kept {Path(job.out_dir) / job.name} "
                   f"({record['samples']} samples, complete)", file=sys.stderr)
     todo = [i for i, r in enumerate(records) if r is None]
+    _compute(jobs, records, todo, workers)
+    # Reported here, not in the workers: their stderr is the forkserver's, not necessarily ours.
+    for i, (job, record) in enumerate(zip(jobs, records)):
+        if i in todo:
+            print(f"[linvit.data] {job.dataset}: wrote {Path(job.out_dir) / job.name} ({record['samples']} samples)",
+                  file=sys.stderr)
+        full = {rel: file for file, rel, _ in job.files}
+        for s in record.get("skipped", []):
+            print(f"[linvit.data] {job.dataset}: skipped corrupt image {full.get(s['path'], s['path'])} "
+                  f"({s['error']})", file=sys.stderr)
+    return records
+
+
+def _compute(jobs: list[_Job], records: list, todo: list[int], workers: int) -> None:
     if workers == 1 or len(todo) <= 1:
         for i in todo:
             records[i] = _write_shard(jobs[i])
-        return records
+        return
     # forkserver: safe with torch (and its threads) already imported in this process.
     context = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods()
                                           else "spawn")
@@ -168,7 +182,6 @@ def _run_jobs(jobs: list[_Job], workers: int) -> list[dict]:
             raise min(failed, key=lambda f: futures[f]).exception()
         for f, i in futures.items():
             records[i] = f.result()
-    return records
 
 
 def _write_shard(job: _Job) -> dict:
@@ -192,7 +205,6 @@ def _write_shard(job: _Job) -> dict:
                         if job.on_corrupt != "skip":
                             raise DataError(f"{file}: corrupt image ({why}); set the dataset's "
                                             "'on_corrupt: skip' to leave such files out")
-                        print(f"[linvit.data] {job.dataset}: skipped corrupt image {file} ({why})", file=sys.stderr)
                         skipped.append({"path": relpath, "error": why})
                         continue
                     sizes.add(image[0])
@@ -209,7 +221,6 @@ def _write_shard(job: _Job) -> dict:
         record.update(skipped=skipped, hist=hist.tolist(), stats_images=stats_images,
                       size=list(next(iter(sizes))) if len(sizes) == 1 else (None if sizes else "none"))
     write_text(_record_path(out_dir, job.name), json.dumps(record) + "\n")
-    print(f"[linvit.data] {job.dataset}: wrote {path} ({written} samples)", file=sys.stderr)
     return record
 
 

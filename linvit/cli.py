@@ -50,7 +50,7 @@ def cmd_check_config(args):
 def cmd_shards(args):
     from .steps import run_shards
 
-    info = run_shards(_config(args), args.dataset, args.out)
+    info = run_shards(_config(args), args.dataset, args.out, workers=args.workers)
     print(f"{args.dataset}: " + ", ".join(f"{s} {v['samples']} samples in {len(v['shards'])} shards"
                                           for s, v in info["splits"].items()))
 
@@ -103,6 +103,14 @@ def cmd_report(args):
 
     paths = write_report(_config(args), args.results, args.out)
     print(f"report: wrote {len(paths)} files under {args.out}")
+
+
+def cmd_mini_paper_inputs(args):
+    from .config import validate
+    from .mini_paper import make_inputs
+
+    make_inputs(validate(_config(args)))
+    print(f"mini paper: inputs of {args.config} ready")
 
 
 def cmd_variants(args):
@@ -168,8 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate a config against the schema and the registries")
     check.add_argument("config")
     check.set_defaults(fn=cmd_check_config, config_json=None)
-    command("shards", cmd_shards, "write a dataset's webdataset shards and manifest", "dataset", "out",
-            computes=False)
+    shards = command("shards", cmd_shards, "write a dataset's webdataset shards and manifest", "dataset", "out",
+                     computes=False)
+    shards.add_argument("--workers", type=int, default=None,
+                        help="processes writing shards in parallel (default: min(4, CPUs))")
     command("teacher", cmd_teacher, "pretrain the softmax teacher, or load a pretrained one (config.teachers)",
             "size", "seed", "shards", "out", optional=("seed", "shards"))
     command("distill", cmd_distill, "distill the teacher's attention into a linear student",
@@ -180,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
             "run", "teacher", "shards", "out")
     command("report", cmd_report, "aggregate results/ into tables, figures and claim verdicts",
             "results", "out", computes=False)
+    mini = sub.add_parser("mini-paper-inputs", help="make mini_paper.yaml's JPEG ImageFolders and teacher file "
+                                                    "from data available offline")
+    mini.add_argument("--config", default="workflow/config/mini_paper.yaml")
+    mini.set_defaults(fn=cmd_mini_paper_inputs, config_json=None)
     variants = sub.add_parser("variants", help="list the attention operators and their parameter counts")
     variants.add_argument("--size", default="micro", help="model size (default micro)")
     variants.set_defaults(fn=cmd_variants)

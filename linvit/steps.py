@@ -10,32 +10,32 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from .config import get, init_strategy
-from .data.loader import ShardSet
+from . import inputs
+from .config import get, init_strategy, pretrained
+from .data.loader import ShardSet, read_manifest
 from .data.shards import MANIFEST
 from .device import Runtime, cpu_runtime
 from .distill import DistillTask
 from .evaluate import accuracy, attention_fidelity, parameter_counts, throughput
 from .io import code_version, file_sha256, provenance, read_json, remove_stale_temps, write_json, write_safetensors
-from .models import build_vit
+from .models import build_vit, model_name
 from .registry import SOFTMAX
 from .train import TrainSpec, fit, publish_log
+from .teachers import adapt, build_model, check_fit, describe, load_pretrained
 from .transfer import GROUPS, attention_state, copy_groups, load_attention_state
 
 
 # -- model folders: model.safetensors plus model.json describing the architecture ----------------
-
-def save_model(model: nn.Module, folder: Path, arch: dict) -> None:
-    write_safetensors(folder / "model.safetensors", model.state_dict())
-    write_json(folder / "model.json", arch)
-
 
 def _load_tensors(path: Path, what: str) -> dict:
     if not path.exists():
@@ -47,10 +47,10 @@ def _load_tensors(path: Path, what: str) -> dict:
 
 
 def load_model(folder: str | Path, what: str = "model") -> tuple[nn.Module, dict]:
+    """The model a step wrote: model.json (its architecture, see linvit.teachers) and its weights."""
     folder = Path(folder)
     arch = read_json(folder / "model.json", what=f"{what} description")
-    model = build_vit(arch["size"], num_classes=arch["num_classes"], img_size=arch["img_size"],
-                      in_chans=arch["in_chans"], variant=arch["variant"])
+    model = build_model(arch)
     weights = folder / "model.safetensors"
     state = _load_tensors(weights, f"{what} weights")
     try:
@@ -60,24 +60,39 @@ def load_model(folder: str | Path, what: str = "model") -> tuple[nn.Module, dict
     return model.eval(), arch
 
 
-def _arch(size, variant, data: ShardSet, dataset: str) -> dict:
-    return {"size": size, "variant": variant, "num_classes": data.num_classes,
-            "img_size": list(data.image_size), "in_chans": data.channels, "dataset": dataset,
-            "classes": list(data.classes)}
+def _arch(model: nn.Module, base: dict, size: str, variant: str, data: ShardSet, dataset: str) -> dict:
+    """model.json of a model trained on `dataset`, of the architecture `base` describes."""
+    return describe(model, timm_model=base["timm_model"], model_args=base.get("model_args", {}),
+                    source="trained", size=size, variant=variant, dataset=dataset,
+                    classes=list(data.classes))
 
 
 class ClassifyTask:
-    """Supervised training of every parameter with (label-smoothed) cross-entropy."""
+    """Supervised training of every parameter with (label-smoothed) cross-entropy; with `mixup`
+    (timm.data.Mixup options), on mixed or cut-and-pasted batches against their soft labels."""
 
-    def __init__(self, model: nn.Module, data: ShardSet, spec: TrainSpec, runtime: Runtime | None = None):
+    def __init__(self, model: nn.Module, data: ShardSet, spec: TrainSpec, runtime: Runtime | None = None,
+                 mixup: dict | None = None):
         self.model, self.data, self.spec = model, data, spec
         self.runtime = runtime or cpu_runtime()
+        self.mixup = None
+        if mixup:
+            from timm.data import Mixup
+
+            self.mixup = Mixup(**{"label_smoothing": spec.label_smoothing, **mixup},
+                               num_classes=data.num_classes)
 
     def trainable(self):
         return list(self.model.named_parameters())
 
     def loss(self, x, y):
-        return F.cross_entropy(self.model(x), y, label_smoothing=self.spec.label_smoothing)
+        if self.mixup is None:
+            return F.cross_entropy(self.model(x), y, label_smoothing=self.spec.label_smoothing)
+        # timm's Mixup draws from numpy's global generator: seed it from torch's, which the loop
+        # seeds and checkpoints, so a resumed run mixes exactly as the uninterrupted one.
+        np.random.seed(int(torch.randint(0, 2**31 - 1, ())))
+        x, soft = self.mixup(x, y)
+        return torch.sum(-soft * F.log_softmax(self.model(x), dim=-1), dim=-1).mean()
 
     def evaluate(self, final: bool) -> dict:
         return accuracy(self.model, self.data, limit=None if final else self.spec.eval_samples,
@@ -99,11 +114,23 @@ def _start(out_dir, runtime: Runtime) -> Path:
     return out_dir
 
 
-def _data(shards_dir, runtime: Runtime) -> ShardSet:
-    """The shards, read as the runtime wants: on a GPU, decoded ahead in the background into pinned
-    memory, so the device does not wait; on the CPU, in the loop (its cores are training)."""
+def _data(shards_dir, runtime: Runtime, spec: dict, arch: dict | None) -> ShardSet:
+    """The shards, read as the runtime wants (on a GPU, decoded ahead in the background into pinned
+    memory, so the device does not wait; on the CPU, in the loop) through the input pipeline of
+    this dataset (config entry `spec`) and teacher (`arch`; see linvit.inputs)."""
+    info = read_manifest(Path(shards_dir) / MANIFEST)
     return ShardSet(shards_dir, workers=runtime.workers, prefetch=2 if runtime.cuda else 0,
-                    pin_memory=runtime.cuda)
+                    pin_memory=runtime.cuda, pipeline=inputs.pipeline(spec, arch, info))
+
+
+def _input_keys(dataset: str) -> list[str]:
+    """The config keys of what a model sees of `dataset` (they are in a training step's fingerprint)."""
+    return [f"datasets.{dataset}.transform", f"datasets.{dataset}.labels"]
+
+
+def _dataset_spec(config: dict, dataset: str) -> dict:
+    """A dataset's config entry as a job sees it (its job config holds only what it reads)."""
+    return config.get("datasets", {}).get(dataset, {})
 
 
 def _fingerprint(config: dict, keys: list[str], seed: int, job: dict, files: dict[str, Path],
@@ -148,49 +175,86 @@ def _finish(out_dir: Path, metrics: dict, config: dict, fingerprint: dict, tenso
 
 # -- steps ------------------------------------------------------------------------------------
 
-def run_shards(config: dict, dataset: str, out_dir: str | Path) -> dict:
+def run_shards(config: dict, dataset: str, out_dir: str | Path, workers: int | None = None) -> dict:
+    """Write `dataset`'s shards with `workers` processes (default: min(4, CPUs))."""
     from .data.shards import write_shards
 
     spec = get(config, f"datasets.{dataset}")
     shards = config.get("shards", {})
     return write_shards(dataset, spec, out_dir, seed=shards.get("seed", 0),
-                        samples_per_shard=shards.get("samples_per_shard", 10000))
+                        samples_per_shard=shards.get("samples_per_shard", 10000), workers=workers)
 
 
-def run_teacher(config: dict, size: str, seed: int, shards_dir, out_dir, runtime: Runtime | None = None) -> dict:
-    """Pretrain the softmax teacher on the teacher dataset (at paper scale: load timm weights instead)."""
+def run_teacher(config: dict, size: str, seed: int | None, shards_dir, out_dir,
+                runtime: Runtime | None = None) -> dict:
+    """The softmax teacher of `size`: loaded when config.teachers names it (timm's hub, its cache, or
+    a file), else pretrained here on config.teacher.dataset."""
+    entry = pretrained(config, size)
+    if entry is not None:
+        return _load_teacher(config, size, entry, out_dir)
     runtime = runtime or cpu_runtime()
-    out_dir, data = _start(out_dir, runtime), _data(shards_dir, runtime)
     dataset = get(config, "teacher.dataset")
+    if seed is None or shards_dir is None:
+        raise ValueError(f"teacher {size!r} is trained on {dataset!r}: give --seed and --shards")
+    out_dir, data = _start(out_dir, runtime), _data(shards_dir, runtime, _dataset_spec(config, dataset), None)
     spec = _spec(config, "teacher.train")
-    fingerprint = _fingerprint(config, ["teacher"], seed, {"step": "teacher", "size": size},
-                               {"data": data.dir / MANIFEST}, runtime)
+    fingerprint = _fingerprint(config, ["teacher", f"datasets.{dataset}.transform"], seed,
+                               {"step": "teacher", "size": size}, {"data": data.dir / MANIFEST}, runtime)
     torch.manual_seed(seed)
-    model = build_vit(size, num_classes=data.num_classes, img_size=data.image_size,
+    model = build_vit(size, num_classes=data.num_classes, img_size=data.input_size,
                       in_chans=data.channels).to(runtime.device)
-    summary = fit(ClassifyTask(model, data, spec, runtime), spec, data, out_dir, seed=seed,
+    mixup = (_dataset_spec(config, dataset).get("transform") or {}).get("mixup")
+    summary = fit(ClassifyTask(model, data, spec, runtime, mixup), spec, data, out_dir, seed=seed,
                   desc=f"teacher {size}", fingerprint=fingerprint, runtime=runtime)
     metrics = {"dataset": dataset, "size": size, "variant": SOFTMAX, "init": "random", "seed": seed, **summary}
-    return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": model.state_dict()},
-                   _arch(size, SOFTMAX, data, dataset), runtime)
+    arch = _arch(model, {"timm_model": model_name(size, SOFTMAX)}, size, SOFTMAX, data, dataset)
+    return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": model.state_dict()}, arch,
+                   runtime)
 
 
-def _check_teacher(arch: dict, size: str, data: ShardSet, dataset: str, folder) -> None:
-    if arch["size"] != size:
-        raise ValueError(f"teacher {folder} is size {arch['size']!r}, the student is {size!r}")
-    if list(arch["img_size"]) != list(data.image_size) or arch["in_chans"] != data.channels:
-        raise ValueError(f"teacher {folder} takes {arch['img_size']} images with {arch['in_chans']} "
-                         f"channel(s); dataset {dataset!r} has {list(data.image_size)} with {data.channels}")
+def _load_teacher(config: dict, size: str, entry: dict, out_dir) -> dict:
+    """A pretrained teacher into the teacher folder: its weights, as timm names them, and model.json."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out_dir)
+    start = time.perf_counter()
+    model, arch = load_pretrained(entry["model"], file=entry.get("file"), model_args=entry.get("model_args"))
+    arch.update(size=size, dataset=None, classes=None)
+    write_safetensors(out_dir / "model.safetensors", model.state_dict())
+    write_json(out_dir / "model.json", arch)
+    write_json(out_dir / "config.json", provenance(config))
+    metrics = {"size": size, "variant": SOFTMAX, "model": entry["model"], "source": arch["source"],
+               "file": entry.get("file"), "params": sum(p.numel() for p in model.parameters()),
+               "load_time_s": round(time.perf_counter() - start, 3)}
+    write_json(out_dir / "metrics.json", metrics)
+    return metrics
 
 
-def _student(dataset, size, variant, seed, teacher_dir, shards_dir, runtime: Runtime):
-    data = _data(shards_dir, runtime)
-    teacher, arch = load_model(teacher_dir, what="teacher")
-    _check_teacher(arch, size, data, dataset, teacher_dir)
+def _teacher(config: dict, dataset: str, size: str, teacher_dir, shards_dir, runtime: Runtime):
+    """The data of `dataset` as the teacher of `teacher_dir` sees it, and the teacher at the
+    dataset's geometry (position embeddings resampled to its input size; for another label space,
+    a new head). A dataset that cannot fit the teacher is one line before any compute."""
+    teacher_dir = Path(teacher_dir)
+    arch = read_json(teacher_dir / "model.json", what="teacher description")
+    if arch.get("size") != size:
+        raise ValueError(f"teacher {teacher_dir} is size {arch.get('size')!r}, the student is {size!r}")
+    spec = _dataset_spec(config, dataset)
+    info = read_manifest(Path(shards_dir) / MANIFEST)
+    image_size, channels = inputs.geometry(spec, arch, info)
+    same_labels = spec.get("labels") == "teacher" or arch.get("dataset") == dataset
+    check_fit(arch, teacher=f"{size} ({teacher_dir})", dataset=dataset, image_size=image_size,
+              channels=channels, num_classes=int(info["num_classes"]), same_labels=same_labels)
+    data = _data(shards_dir, runtime, spec, arch)
+    teacher, _ = load_model(teacher_dir, what="teacher")
+    teacher, _ = adapt(teacher, arch, img_size=tuple(data.input_size), num_classes=data.num_classes)
+    return data, teacher.eval(), arch, same_labels
+
+
+def _student(config, dataset, size, variant, seed, teacher_dir, shards_dir, runtime: Runtime):
+    data, teacher, arch, same_labels = _teacher(config, dataset, size, teacher_dir, shards_dir, runtime)
     torch.manual_seed(seed)
-    student = build_vit(size, num_classes=data.num_classes, img_size=data.image_size,
-                        in_chans=data.channels, variant=variant)
-    return data, teacher, arch, student
+    student = build_model(arch, variant=variant, num_classes=data.num_classes, img_size=tuple(data.input_size))
+    return data, teacher, arch, student, same_labels
 
 
 def run_distill(config: dict, dataset: str, size: str, variant: str, seed: int, teacher_dir, shards_dir,
@@ -202,10 +266,11 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, seed: int, 
     """
     runtime = runtime or cpu_runtime()
     out_dir = _start(out_dir, runtime)
-    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir, runtime)
+    data, teacher, arch, student, _ = _student(config, dataset, size, variant, seed, teacher_dir,
+                                               shards_dir, runtime)
     teacher, student = teacher.to(runtime.device), student.to(runtime.device)
     spec, loss = _spec(config, "distill.train"), get(config, "distill.loss")
-    fingerprint = _fingerprint(config, ["distill", "evaluation.fidelity_samples"], seed,
+    fingerprint = _fingerprint(config, ["distill", "evaluation.fidelity_samples", *_input_keys(dataset)], seed,
                                {"step": "distill", "dataset": dataset, "size": size, "variant": variant},
                                {"data": data.dir / MANIFEST, "teacher_weights": Path(teacher_dir) / "model.safetensors"},
                                runtime)
@@ -233,9 +298,9 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     out_dir = _start(out_dir, runtime)
     strategy = init_strategy(config, init)
     spec = _spec(config, "student.train")
-    data, teacher, arch, student = _student(dataset, size, variant, seed, teacher_dir, shards_dir, runtime)
+    data, teacher, arch, student, same_labels = _student(config, dataset, size, variant, seed, teacher_dir,
+                                                         shards_dir, runtime)
     inputs = {"data": data.dir / MANIFEST, "teacher_weights": Path(teacher_dir) / "model.safetensors"}
-    same_labels = arch["dataset"] == dataset and arch["num_classes"] == data.num_classes
     copied = copy_groups(student, teacher, strategy["copy"], copy_head=same_labels)
     distill = None
     if strategy.get("distill"):
@@ -247,8 +312,8 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
         load_attention_state(student, _load_tensors(inputs["distilled_attention"], "distilled attention"))
         distill = {"loss": info["loss"], "steps": info["steps"], "time_s": info["train_time_s"],
                    "final_loss": info["final_loss"]}
-    fingerprint = _fingerprint({"student": get(config, "student"), "init_strategy": strategy},
-                               ["student", "init_strategy"], seed,
+    fingerprint = _fingerprint({**config, "init_strategy": strategy},
+                               ["student", "init_strategy", *_input_keys(dataset)], seed,
                                {"step": "student", "dataset": dataset, "size": size, "variant": variant,
                                 "init": init}, inputs, runtime)
     if runtime.world.main:
@@ -257,13 +322,14 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
               file=sys.stderr)
     del teacher  # copied from; the student alone goes to the device
     student = student.to(runtime.device)
-    summary = fit(ClassifyTask(student, data, spec, runtime), spec, data, out_dir, seed=seed,
+    mixup = (_dataset_spec(config, dataset).get("transform") or {}).get("mixup")
+    summary = fit(ClassifyTask(student, data, spec, runtime, mixup), spec, data, out_dir, seed=seed,
                   desc=f"student {dataset}/{size}/{variant}/{init}", fingerprint=fingerprint, runtime=runtime)
     metrics = {"dataset": dataset, "size": size, "variant": variant, "init": init, "seed": seed,
                "copied": copied, "head_copied": same_labels and "head" in strategy["copy"],
                "distill": distill, "test_samples": summary.pop("samples"), **summary}
     return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": student.state_dict()},
-                   _arch(size, variant, data, dataset), runtime)
+                   _arch(student, arch, size, variant, data, dataset), runtime)
 
 
 def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path, runtime: Runtime | None = None) -> dict:
@@ -273,11 +339,11 @@ def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path, runti
     precision on its device, and eval.json records both with the batch size.
     """
     runtime = runtime or cpu_runtime()
-    run_dir, data = Path(run_dir), ShardSet(shards_dir)
+    run_dir = Path(run_dir)
     remove_stale_temps(Path(out_path).parent, Path(out_path).name)
     metrics = read_json(run_dir / "metrics.json", what="run metrics")
     model, _ = load_model(run_dir)
-    teacher, _ = load_model(teacher_dir, what="teacher")
+    data, teacher, _, _ = _teacher(config, metrics["dataset"], metrics["size"], teacher_dir, shards_dir, runtime)
     model, teacher = model.to(runtime.device), teacher.to(runtime.device)
     settings = config.get("evaluation", {})
     x, _ = data.fixed_batch("test", min(settings.get("fidelity_samples", 64), data.num_samples("test")))

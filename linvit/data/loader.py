@@ -75,7 +75,7 @@ class ShardSet:
         self.prefetch = prefetch  # batches decoded ahead in a background thread; 0: none
         self.pin_memory = pin_memory
         self.pipeline = pipeline
-        self.info = _read_manifest(self.dir / MANIFEST)
+        self.info = read_manifest(self.dir / MANIFEST)
         self.format: str = self.info.get("format", "png")
         self.classes: list[str] = list(self.info["classes"])
         self.num_classes: int = int(self.info["num_classes"])
@@ -373,7 +373,7 @@ def _prefetched(batches: Iterator, depth: int) -> Iterator:
         stop.set()
 
 
-def _read_manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> dict:
     try:
         info = json.loads(path.read_text())
     except FileNotFoundError:

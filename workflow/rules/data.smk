@@ -20,4 +20,5 @@ rule shards:
         mem_mb=res("shards", "mem_mb", 4000),
         runtime=res("shards", "runtime", 30),
     shell:
-        "linvit shards --config-json {params.cfg:q} --dataset {wildcards.dataset} --out {output:q} > {log:q} 2>&1"
+        "linvit shards --config-json {params.cfg:q} --dataset {wildcards.dataset} --out {output:q}"
+        " --workers {threads} > {log:q} 2>&1"

@@ -1,0 +1,145 @@
+"""Pretrained teachers through the whole workflow: a DeiT and a ViT with register tokens and layer
+scale, saved to timm-format files, loaded as teachers, and carried through teacher -> distill ->
+student -> evaluate -> report on RGB JPEG ImageFolders at another resolution and label space; and
+datasets that cannot fit a teacher refused in one line before any training."""
+
+import json
+
+import numpy as np
+import pytest
+import timm
+import torch
+import yaml
+from PIL import Image
+from safetensors.torch import save_file
+
+from linvit import grid
+from linvit.models import model_variant
+
+from conftest import REPO
+from test_workflow import job_counts, snakemake
+
+SMOKE = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
+REG_ARGS = {"embed_dim": 64, "depth": 2, "num_heads": 2, "reg_tokens": 4, "init_values": 1e-5,
+            "no_embed_class": True, "img_size": 64}
+
+
+def imagefolder(root, classes=3, per_class=(12, 6), size=40, seed=0):
+    """An ImageFolder of RGB JPEGs: class c is a bright square at its own spot, plus noise."""
+    rng = np.random.default_rng(seed)
+    for split, n in zip(("train", "val"), per_class):
+        for c in range(classes):
+            folder = root / split / f"class_{c}"
+            folder.mkdir(parents=True)
+            for i in range(n):
+                img = rng.integers(0, 60, size=(size, size, 3), dtype=np.uint8)
+                x = 4 + 10 * c
+                img[8:20, x:x + 10] = 220
+                Image.fromarray(img).save(folder / f"{i}.jpg", quality=90)
+    return root
+
+
+def teacher_files(tmp):
+    torch.manual_seed(0)
+    deit = timm.create_model("deit_tiny_patch16_224", pretrained=False)
+    save_file(deit.state_dict(), str(tmp / "deit.safetensors"))
+    reg = timm.create_model("vit_base_patch16_224", pretrained=False, **REG_ARGS)
+    torch.save(reg.state_dict(), tmp / "regvit.pth")
+    return deit, reg
+
+
+def config(tmp):
+    cfg = {k: SMOKE[k] for k in ("seeds", "student", "distill", "init_strategies", "evaluation")}
+    cfg.update(
+        sizes=["deit", "regvit"], variants=["elu"], targets=["jpegs"],
+        inits=["random", "copy_all", "copy_mlp_distill"],
+        teachers={"deit": {"model": "deit_tiny_patch16_224", "file": str(tmp / "deit.safetensors")},
+                  "regvit": {"model": "vit_base_patch16_224", "model_args": REG_ARGS,
+                             "file": str(tmp / "regvit.pth")}},
+        datasets={"jpegs": {"source": "imagefolder", "path": str(imagefolder(tmp / "jpegs")),
+                            "transform": {"input_size": 32, "train": {"scale": [0.5, 1.0]},
+                                          "mixup": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}}}},
+        shards={"samples_per_shard": 20, "seed": 0},
+        student={"train": {"steps": 3, "batch_size": 8, "lr": 1e-3, "eval_samples": 8}},
+        distill={"loss": "mse", "train": {"steps": 2, "batch_size": 8, "lr": 1e-3}},
+        evaluation={"fidelity_samples": 4, "throughput_batch": 4},
+    )
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pretrained")
+    teacher_files(tmp)
+    cfg = config(tmp)
+    (tmp / "grid.yaml").write_text(yaml.safe_dump(cfg))
+    out = snakemake(tmp, "--cores", "2", "--configfile", str(tmp / "grid.yaml"))
+    return tmp, cfg, out.stdout + out.stderr
+
+
+def test_file_teachers_run_through_every_rule(ran):
+    tmp, cfg, out = ran
+    counts = job_counts(out)
+    assert counts["teacher_pretrained"] == 2 and "teacher" not in counts
+    assert counts["student"] == len(grid.student_cells(cfg)) and counts["evaluate"] == len(grid.all_cells(cfg))
+    assert (tmp / "report/README.md").exists()
+    for cell in grid.all_cells(cfg):
+        ev = json.loads((tmp / cell.run_dir() / "eval.json").read_text())
+        assert 0 <= ev["test_acc"] <= 1 and len(ev["fidelity_kl"]) == (12 if cell.size == "deit" else 2)
+
+
+def test_students_follow_the_teacher_architecture(ran):
+    """The student is the teacher's architecture at the dataset's 32 px with a 3-class head: the
+    register tokens, layer scale and the DeiT's 12 blocks of width 192 carry over."""
+    tmp, cfg, _ = ran
+    from linvit.steps import load_model
+
+    for size, blocks, width, prefix in (("deit", 12, 192, 1), ("regvit", 2, 64, 5)):
+        run = grid.run_dir("jpegs", size, "elu", "copy_all", 0, tmp / "results")
+        student, arch = load_model(run)
+        assert model_variant(student) == "elu" and len(student.blocks) == blocks
+        assert student.embed_dim == width and student.num_prefix_tokens == prefix
+        assert student.head.out_features == 3 and tuple(student.patch_embed.img_size) == (32, 32)
+        teacher = json.loads((tmp / "results/teacher" / size / "model.json").read_text())
+        assert teacher["source"] == "file" and teacher["timm_model"] in ("deit_tiny_patch16_224", "vit_base_patch16_224")
+    reg, _ = load_model(grid.run_dir("jpegs", "regvit", "elu", "copy_all", 0, tmp / "results"))
+    assert reg.reg_token.shape[1] == 4 and reg.blocks[0].ls1.gamma.shape == (64,)
+
+
+def test_copied_groups_are_the_teachers_resampled(ran):
+    """copy_all starts from the teacher's MLP weights, and from its position embedding resampled
+    from 14x14 (224 px) to the 2x2 patches of 32 px."""
+    tmp, _, _ = ran
+    from linvit.steps import load_model
+
+    metrics = json.loads((tmp / grid.run_dir("jpegs", "deit", "elu", "copy_all", 0) / "metrics.json").read_text())
+    assert metrics["copied"]["mlp"] > 0 and metrics["copied"]["head"] == 0  # another label space: new head
+    teacher, _ = load_model(tmp / "results/teacher/deit", what="teacher")
+    assert teacher.pos_embed.shape[1] == 1 + 14 * 14
+
+
+def _run_step(tmp, cfg, dataset_spec, size="deit"):
+    from linvit.device import cpu_runtime
+    from linvit.steps import run_distill
+
+    cfg = {**cfg, "datasets": {**cfg["datasets"], "bad": dataset_spec}}
+    from linvit.steps import run_shards
+
+    run_shards(cfg, "bad", tmp / "bad_shards", workers=1)
+    return lambda: run_distill(cfg, "bad", size, "elu", 0, tmp / "results/teacher" / size, tmp / "bad_shards",
+                               tmp / "bad_out", runtime=cpu_runtime())
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"transform": {"input_size": 40}}, r"40.*patch.*16"),
+    ({"channels": 1, "transform": {"input_size": 32}}, r"1 channel"),
+    ({"labels": "teacher", "transform": {"input_size": 32}}, r"3 classes|1000"),
+])
+def test_a_dataset_that_does_not_fit_the_teacher_is_one_line(ran, spec, message):
+    tmp, cfg, _ = ran
+    step = _run_step(tmp, cfg, {"source": "imagefolder", "path": str(tmp / "jpegs"), **spec})
+    with pytest.raises(ValueError, match=message) as err:
+        step()
+    text = str(err.value)
+    assert "\n" not in text and "'bad'" in text and "deit" in text
+    assert not (tmp / "bad_out" / "metrics.json").exists()

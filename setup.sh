@@ -3,6 +3,8 @@
 #   bash setup.sh run     set up, then run the default grid end to end (report/README.md at the end;
 #                         the committed reference run is report/reference/, which no rule writes)
 #   bash setup.sh test    set up, then run the test suite
+#   bash setup.sh mini_paper   set up, make the mini paper grid's inputs (JPEG folders, a teacher
+#                         file), then run workflow/config/mini_paper.yaml end to end
 #   bash setup.sh         set up only
 # Needs Python 3.11 and, for Fashion-MNIST, Debian's dataset-fashion-mnist (installed here when
 # running as root; otherwise give datasets.fashion_mnist.path in the config).
@@ -44,5 +46,9 @@ case "${1:-setup}" in
   setup) echo "setup: done; activate with 'source $VENV/bin/activate'" ;;
   run)   shift; snakemake --cores "${CORES:-all}" "$@" && echo "setup: report in report/README.md" ;;
   test)  shift; python -m pytest -q "$@" ;;
-  *)     echo "usage: bash setup.sh [setup|run|test]" >&2; exit 2 ;;
+  mini_paper)
+         shift; linvit mini-paper-inputs --config workflow/config/mini_paper.yaml
+         snakemake --cores "${CORES:-all}" --configfile workflow/config/mini_paper.yaml "$@" \
+           && echo "setup: report in report/README.md" ;;
+  *)     echo "usage: bash setup.sh [setup|run|test|mini_paper]" >&2; exit 2 ;;
 esac

@@ -62,9 +62,17 @@ def load_model(folder: str | Path, what: str = "model") -> tuple[nn.Module, dict
 
 def _arch(model: nn.Module, base: dict, size: str, variant: str, data: ShardSet, dataset: str) -> dict:
     """model.json of a model trained on `dataset`, of the architecture `base` describes."""
-    return describe(model, timm_model=base["timm_model"], model_args=base.get("model_args", {}),
+    arch = describe(model, timm_model=base["timm_model"], model_args=base.get("model_args", {}),
                     source="trained", size=size, variant=variant, dataset=dataset,
                     classes=list(data.classes))
+    # How its images were prepared, so that whoever loads it (as a timm checkpoint) feeds it the same.
+    p = data.pipeline
+    arch["pretrained_cfg"].update(
+        {"input_size": [data.channels, *data.input_size], "mean": list(data.mean), "std": list(data.std),
+         "crop_pct": 1.0, "interpolation": "bilinear"} if p is None else
+        {"input_size": [p.channels, *p.input_size], "mean": list(p.mean), "std": list(p.std),
+         "crop_pct": p.crop_pct, "interpolation": p.interpolation})
+    return arch
 
 
 class ClassifyTask:

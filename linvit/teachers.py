@@ -21,6 +21,7 @@ size), its hub and cache, its position-embedding resampling and its Hugging Face
 from __future__ import annotations
 
 import argparse
+import json
 import pickle
 from pathlib import Path
 
@@ -191,8 +192,16 @@ def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = Non
     layouts, another position-embedding size) into the architecture at its native image size; its
     classes and channels are those of the file's head and patch embedding.
     """
-    model_args = {k: v for k, v in (model_args or {}).items() if k not in _GEOMETRY}
-    meta = _check_vit(timm_model, model_args)
+    sidecar = _sidecar(file) if file is not None else {}
+    # The options the weights were made with: the config.json's (timm's hub layout), then the caller's.
+    given = {**sidecar.get("model_args", {}), **(model_args or {})}
+    model_args = {k: v for k, v in given.items() if k not in _GEOMETRY}
+    # The resolution the weights were made at: the options', else the timm config.json beside the
+    # file (timm's hub layout), else the architecture's default; so position embeddings load as they are.
+    native = given.get("img_size") or (
+        (sidecar.get("pretrained_cfg") or {}).get("input_size") or [None])[1:] or None
+    build_args = {**model_args, **({"img_size": _pair(native)} if native else {})}
+    meta = _check_vit(timm_model, build_args)
     if file is None:
         try:
             model = timm.create_model(timm_model, pretrained=True, **model_args)
@@ -218,7 +227,7 @@ def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = Non
     if patch is not None and patch.ndim == 4:
         geometry["in_chans"] = patch.shape[1]
     try:
-        model = timm.create_model(timm_model, pretrained=False, **model_args, **geometry)
+        model = timm.create_model(timm_model, pretrained=False, **build_args, **geometry)
     except Exception as err:
         raise TeacherError(f"timm model {timm_model!r} cannot be built for weights file {file}: {_line(err)}") from None
     problem = _first_mismatch(model, state)
@@ -227,7 +236,23 @@ def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = Non
     model.load_state_dict(state, strict=True)
     arch = describe(model, timm_model=timm_model, model_args=model_args, source="file",
                     file=str(file), sha256=file_sha256(file))
+    # How the file's images were prepared (mean, std, crop...), when its config.json says.
+    arch["pretrained_cfg"].update({k: v for k, v in (sidecar.get("pretrained_cfg") or {}).items()
+                                   if k in _CFG_KEYS and k != "input_size"})
     return model.eval(), arch
+
+
+def _sidecar(file) -> dict:
+    """timm's config.json beside a weights file (what push_to_hf_hub and save_timm_checkpoint
+    write), or {} when there is none; a config.json that does not parse is an error naming it."""
+    path = Path(file).with_name("config.json")
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise TeacherError(f"{path} (beside weights file {file}) is not a readable timm config: {_line(err)}") from None
+    return data if isinstance(data, dict) else {}
 
 
 # -- a teacher at a target's geometry -----------------------------------------------------------

@@ -9,9 +9,10 @@ from conftest import REPO, run
 BASE = {
     "seeds": [0], "sizes": ["micro"], "variants": ["elu"], "targets": ["synthetic"], "inits": ["random", "copy_mlp"],
     "datasets": {"synthetic": {"source": "synthetic", "num_classes": 4, "train_samples": 64, "test_samples": 32},
-                 # Images of another size: the teacher does not match, so these cells fail.
+                 # Images no patch grid fits (22 px, patches of 4): the teacher does not match, so
+                 # these cells fail (another multiple of the patch would be resampled and run).
                  "small": {"source": "synthetic", "num_classes": 4, "train_samples": 64, "test_samples": 32,
-                           "image_size": 20}},
+                           "image_size": 22}},
     "shards": {"samples_per_shard": 64},
     "teacher": {"dataset": "synthetic", "train": {"steps": 4, "batch_size": 16, "lr": 1e-3}},
     "student": {"train": {"steps": 4, "batch_size": 16, "lr": 1e-3, "eval_every": 2}},
@@ -62,4 +63,4 @@ def test_keep_going_reports_failed_cells_and_keeps_the_others(tmp_path):
     assert not (tmp_path / "results/students/small/micro/elu/random/seed0/metrics.json").exists()
     readme = (tmp_path / "report/README.md").read_text()
     missing = readme.split("## Missing cells", 1)[1]
-    assert "small" in missing and "teacher" in missing and "20" in missing
+    assert "small" in missing and "teacher" in missing and "22x22" in missing

@@ -298,6 +298,22 @@ def test_save_timm_checkpoint_of_an_adapted_teacher(deit, tmp_path):
         assert torch.equal(again.eval()(_x(64)), expected) and torch.equal(local.eval()(_x(64)), expected)
 
 
+def test_a_file_with_timm_config_beside_it_loads_at_its_resolution_and_statistics(deit, tmp_path):
+    """A checkpoint saved with timm's config.json (the hub layout) is read at the resolution it was
+    made at, with the mean, std and crop it was trained with, without repeating them in the options."""
+    small, arch = teachers.adapt(deit, _arch(deit), img_size=64, num_classes=5)
+    arch["pretrained_cfg"].update(mean=[0.2, 0.3, 0.4], std=[0.5, 0.6, 0.7], crop_pct=1.0)
+    weights = teachers.save_timm_checkpoint(small, arch, tmp_path)
+    model, loaded = teachers.load_pretrained(DEIT, file=weights)
+    assert loaded["img_size"] == [64, 64] and model.pos_embed.shape == small.pos_embed.shape
+    assert loaded["pretrained_cfg"]["mean"] == [0.2, 0.3, 0.4] and loaded["pretrained_cfg"]["crop_pct"] == 1.0
+    with torch.no_grad():
+        assert torch.equal(model(_x(64)), small.eval()(_x(64)))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(TeacherError, match="config.json"):
+        teachers.load_pretrained(DEIT, file=weights)
+
+
 # -- students of a teacher's architecture ---------------------------------------------------------
 
 def test_build_model_linear_variant_matches_teacher_layout(deit):

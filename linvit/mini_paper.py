@@ -44,22 +44,26 @@ def make_imagefolders(config: dict) -> list[Path]:
     return made
 
 
-def make_teacher_file(config: dict, size: str, work_dir: str | Path | None = None) -> Path:
+def make_teacher_file(config: dict, size: str) -> Path:
     """Pretrain the teacher `size` of config.teachers on config.teacher.dataset and save it as the
-    timm checkpoint file the entry names. Returns the file."""
-    from .device import cpu_runtime
-    from .steps import load_model, run_shards, run_teacher
-    from .teachers import describe, save_timm_checkpoint
-
+    timm checkpoint file the entry names (the shards and the training run live in a temporary
+    folder). Returns the file."""
     entry = get(config, f"teachers.{size}")
     target = Path(entry["file"])
     if target.exists():
         return target
+    with tempfile.TemporaryDirectory(prefix="linvit-mini-paper-") as work:
+        return _pretrain(config, size, entry, Path(work), target)
+
+
+def _pretrain(config: dict, size: str, entry: dict, work: Path, target: Path) -> Path:
+    from .device import cpu_runtime
+    from .steps import load_model, run_shards, run_teacher
+    from .teachers import describe, save_timm_checkpoint
+
     dataset = get(config, "teacher.dataset")
-    work = Path(work_dir or tempfile.mkdtemp(prefix="linvit-mini-paper-"))
     shards = work / "data" / dataset
-    if not (shards / "_info.json").exists():
-        run_shards(config, dataset, shards)
+    run_shards(config, dataset, shards)
     # The harness trains a size of linvit.sizes; the entry's timm builder with the same dimensions
     # names the same VisionTransformer, which is what the file says it holds.
     args = dict(entry.get("model_args", {}))

@@ -51,6 +51,14 @@ def job_config(*keys):
     return json.dumps(parts, sort_keys=True)
 
 
+def shards_config(dataset):
+    """The dataset's entry without what the models see of it (transform, labels): editing an
+    augmentation reruns the training jobs, never the (possibly hours-long) sharding."""
+    spec = {k: v for k, v in config["datasets"][dataset].items() if k not in ("transform", "labels")}
+    return json.dumps({"datasets": {dataset: spec}, **({"shards": config["shards"]} if "shards" in config else {})},
+                      sort_keys=True)
+
+
 def input_keys(dataset):
     """The config keys that decide what a model sees of `dataset` (linvit.inputs): its transform and
     label space. A job that trains or evaluates on it reads them, so editing them reruns those jobs."""

@@ -54,20 +54,11 @@ def pipeline(spec: dict, arch: dict | None, info: dict) -> Pipeline | None:
     if transform is None and info.get("format", "png") == "png" and not _loaded(arch):
         return None
     transform = transform or {}
-    cfg = (arch or {}).get("pretrained_cfg") or {}
     size, channels = geometry(spec, arch, info)
-
-    def pick(key, default):
-        # A trained teacher learnt the manifest's statistics; a loaded one expects its own.
-        if key in transform:
-            return transform[key]
-        if _loaded(arch) and key in cfg:
-            return cfg[key]
-        return default
-
-    mean, std = pick("mean", info["mean"]), pick("std", info["std"])
-    if len(mean) != channels:  # a teacher's RGB statistics for gray images: the images' own
-        mean, std = info["mean"], info["std"]
-    return Pipeline(input_size=size, channels=channels, mean=tuple(mean), std=tuple(std),
-                    interpolation=pick("interpolation", "bilinear"),
-                    crop_pct=float(pick("crop_pct", 1.0)), train=dict(transform.get("train", {})))
+    # A loaded teacher expects its own statistics and crop; a trained one learnt the manifest's,
+    # on whole images. The dataset's transform entry overrides either.
+    cfg = arch["pretrained_cfg"] if _loaded(arch) else {
+        "mean": info["mean"], "std": info["std"], "interpolation": "bilinear", "crop_pct": 1.0}
+    overrides = {k: transform[k] for k in ("mean", "std", "interpolation", "crop_pct") if k in transform}
+    return Pipeline.from_pretrained_cfg(cfg, channels=channels, input_size=size,
+                                        train=transform.get("train", {}), **overrides)

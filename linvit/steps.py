@@ -141,6 +141,11 @@ def _dataset_spec(config: dict, dataset: str) -> dict:
     return config.get("datasets", {}).get(dataset, {})
 
 
+def _mixup(config: dict, dataset: str) -> dict | None:
+    """The timm Mixup options of training on `dataset` (None: no mixing)."""
+    return (_dataset_spec(config, dataset).get("transform") or {}).get("mixup")
+
+
 def _fingerprint(config: dict, keys: list[str], seed: int, job: dict, files: dict[str, Path],
                  runtime: Runtime) -> dict:
     """What determines a training step's result, compared before resuming from its checkpoint.
@@ -211,8 +216,8 @@ def run_teacher(config: dict, size: str, seed: int | None, shards_dir, out_dir,
     torch.manual_seed(seed)
     model = build_vit(size, num_classes=data.num_classes, img_size=data.input_size,
                       in_chans=data.channels).to(runtime.device)
-    mixup = (_dataset_spec(config, dataset).get("transform") or {}).get("mixup")
-    summary = fit(ClassifyTask(model, data, spec, runtime, mixup), spec, data, out_dir, seed=seed,
+    task = ClassifyTask(model, data, spec, runtime, _mixup(config, dataset))
+    summary = fit(task, spec, data, out_dir, seed=seed,
                   desc=f"teacher {size}", fingerprint=fingerprint, runtime=runtime)
     metrics = {"dataset": dataset, "size": size, "variant": SOFTMAX, "init": "random", "seed": seed, **summary}
     arch = _arch(model, {"timm_model": model_name(size, SOFTMAX)}, size, SOFTMAX, data, dataset)
@@ -222,9 +227,7 @@ def run_teacher(config: dict, size: str, seed: int | None, shards_dir, out_dir,
 
 def _load_teacher(config: dict, size: str, entry: dict, out_dir) -> dict:
     """A pretrained teacher into the teacher folder: its weights, as timm names them, and model.json."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir)
+    out_dir = _start(out_dir, cpu_runtime())
     start = time.perf_counter()
     model, arch = load_pretrained(entry["model"], file=entry.get("file"), model_args=entry.get("model_args"))
     arch.update(size=size, dataset=None, classes=None)
@@ -330,8 +333,8 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
               file=sys.stderr)
     del teacher  # copied from; the student alone goes to the device
     student = student.to(runtime.device)
-    mixup = (_dataset_spec(config, dataset).get("transform") or {}).get("mixup")
-    summary = fit(ClassifyTask(student, data, spec, runtime, mixup), spec, data, out_dir, seed=seed,
+    task = ClassifyTask(student, data, spec, runtime, _mixup(config, dataset))
+    summary = fit(task, spec, data, out_dir, seed=seed,
                   desc=f"student {dataset}/{size}/{variant}/{init}", fingerprint=fingerprint, runtime=runtime)
     metrics = {"dataset": dataset, "size": size, "variant": variant, "init": init, "seed": seed,
                "copied": copied, "head_copied": same_labels and "head" in strategy["copy"],

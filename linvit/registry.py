@@ -20,6 +20,10 @@ PACKAGE = Path(__file__).resolve().parent
 # The softmax operator: the teacher's attention, and the variant of the softmax reference runs.
 SOFTMAX = "softmax"
 
+# Old loss names a config may still use -> the registered loss they mean. Resolved wherever a loss
+# name is looked up; `names("loss")` lists only registered names, never these.
+LOSS_ALIASES = {"mse": "proj_mse", "attn_ce": "map_ce"}
+
 # kind -> (decorator name, source files that register that kind, module holding the live registry)
 _KINDS = {
     "variant": ("register_attention", "attention/*.py", ("linvit.attention.base", "ATTENTION")),

@@ -13,6 +13,7 @@ from torch import nn
 
 from .attention import attention_maps
 from .device import Runtime, cpu_runtime
+from .losses import js_rows, kl_rows, map_correlation
 from .models import capture_attention
 from .transfer import group_sizes
 
@@ -37,21 +38,107 @@ def accuracy(model: nn.Module, data, split: str = "test", *, batch_size: int = 2
     return {"test_acc": correct / max(total, 1), "samples": total}
 
 
-@torch.no_grad()
-def attention_fidelity(teacher: nn.Module, student: nn.Module, x: torch.Tensor, eps: float = 1e-8) -> list[float]:
-    """Per layer, KL(teacher softmax maps || student implicit matrix), averaged over images, heads, rows.
+def _eval_maps(model: nn.Module, x: torch.Tensor) -> list[tuple[nn.Module, torch.Tensor]]:
+    """(block attention, its input) of every block while `model` runs on x in eval mode and fp32
+    (autocast off), the model's training mode restored afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            inputs = [i for i, _ in capture_attention(model, x)]
+    finally:
+        model.train(was_training)
+    return [(block.attn, i) for block, i in zip(model.blocks, inputs)]
 
-    Each model runs on the same images with its own activations.
+
+def _maps(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Row-stochastic (B, H, N, N) maps of one block in fp32 (autocast off)."""
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        return attention_maps(attn, x).float()
+
+
+@torch.no_grad()
+def attention_fidelity(teacher: nn.Module, student: nn.Module, x: torch.Tensor,
+                       eps: float = 1e-8) -> dict[str, list[float]]:
+    """Per block, how close the student's attention maps Â are to the teacher's softmax maps A.
+
+    Returns {"kl": [...], "js": [...], "corr": [...]}, one float per block:
+      kl    KL(A || Â) of every query row, averaged over images, heads and rows;
+      js    the Jensen-Shannon divergence of every row (symmetric, in [0, ln 2]), averaged the same way;
+      corr  the Pearson correlation of each head's flattened N x N maps, averaged over images, heads.
+    A linear student's maps are its implicit matrices made row-stochastic (ImplicitAttention.maps).
+    Each model runs on the same images x with its own activations; everything in fp32, no gradients.
     """
-    teacher.eval(), student.eval()
-    t_in = [i for i, _ in capture_attention(teacher, x)]
-    s_in = [i for i, _ in capture_attention(student, x)]
-    kls = []
-    for tb, sb, ti, si in zip(teacher.blocks, student.blocks, t_in, s_in):
-        p = attention_maps(tb.attn, ti)
-        q = attention_maps(sb.attn, si).clamp_min(eps)
-        kls.append((p * (p.clamp_min(eps).log() - q.log())).sum(-1).mean().item())
-    return kls
+    if len(teacher.blocks) != len(student.blocks):
+        raise ValueError(f"attention_fidelity: the teacher has {len(teacher.blocks)} blocks and the "
+                         f"student {len(student.blocks)}")
+    out: dict[str, list[float]] = {"kl": [], "js": [], "corr": []}
+    for (ta, ti), (sa, si) in zip(_eval_maps(teacher, x), _eval_maps(student, x)):
+        p, q = _maps(ta, ti), _maps(sa, si)
+        if p.shape != q.shape:
+            raise ValueError(f"attention_fidelity: teacher maps {tuple(p.shape)} and student maps "
+                             f"{tuple(q.shape)} differ in shape")
+        out["kl"].append(kl_rows(p, q, eps).mean().item())
+        out["js"].append(js_rows(p, q, eps).mean().item())
+        out["corr"].append(map_correlation(p, q).mean().item())
+        del p, q
+    return out
+
+
+ROW_CLASS_TOKEN, ROW_MEAN = "class token", "mean of rows"
+
+
+def _patch_grid(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    embed = model.patch_embed
+    if getattr(model, "dynamic_img_size", False) and hasattr(embed, "dynamic_feat_size"):
+        return tuple(int(g) for g in embed.dynamic_feat_size(tuple(x.shape[-2:])))
+    return tuple(int(g) for g in embed.grid_size)
+
+
+@torch.no_grad()
+def class_token_rows(model: nn.Module, x: torch.Tensor, block: int = -1) -> dict:
+    """For ONE image x ((C, H, W) or (1, C, H, W)): the class token's query row of every head's
+    attention map in block `block` (negative counts from the end), with what draws it on the grid.
+
+    Returns {"row": "class token" | "mean of rows", "block": the block's index (>= 0),
+             "prefix": number of prefix tokens (class and register tokens, first as in timm),
+             "grid": [patch rows, patch cols], "tokens": N,
+             "heads": H lists of N floats (the whole row; the patch part is row[prefix:])}.
+    A model without a class token (global_pool="avg", class_token=False) has no such row: the mean
+    of the patch tokens' query rows (what average pooling reads) is given instead, and "row" says so.
+    Teacher (softmax) rows sum to 1, and so do a linear student's (ImplicitAttention.maps). fp32.
+    """
+    if x.dim() == 3:
+        x = x.unsqueeze(0)
+    if x.dim() != 4 or x.shape[0] != 1:
+        raise ValueError(f"class_token_rows takes one image, (C, H, W) or (1, C, H, W); got {tuple(x.shape)}")
+    blocks = _eval_maps(model, x)
+    index = range(len(blocks))[block]  # IndexError for a block the model does not have
+    attn, inputs = blocks[index]
+    maps = _maps(attn, inputs)[0]  # (H, N, N)
+    prefix = int(getattr(model, "num_prefix_tokens", 0))
+    grid = _patch_grid(model, x)
+    n = maps.shape[-1]
+    if n - prefix != grid[0] * grid[1]:
+        raise ValueError(f"class_token_rows: {n} tokens do not match {prefix} prefix tokens plus a "
+                         f"{grid[0]}x{grid[1]} patch grid")
+    has_cls = getattr(model, "cls_token", None) is not None
+    rows = maps[:, 0] if has_cls else maps[:, prefix:].mean(dim=1)
+    return {"row": ROW_CLASS_TOKEN if has_cls else ROW_MEAN, "block": index, "prefix": prefix,
+            "grid": [int(grid[0]), int(grid[1])], "tokens": n, "heads": rows.cpu().tolist()}
+
+
+def attention_report(teacher: nn.Module, student: nn.Module, x: torch.Tensor, *, image: int = 0,
+                     block: int = -1) -> dict:
+    """The attention part of eval.json: per-block fidelity lists and their means, and the class-token
+    rows of teacher and student on image `image` of x (block `block`)."""
+    fid = attention_fidelity(teacher, student, x)
+    out = {f"fidelity_{k}": v for k, v in fid.items()}
+    out.update({f"fidelity_{k}_mean": sum(v) / len(v) for k, v in fid.items()})
+    one = x[image:image + 1]
+    out["cls_attention"] = {"teacher": class_token_rows(teacher, one, block),
+                            "student": class_token_rows(student, one, block)}
+    return out
 
 
 def parameter_counts(model: nn.Module) -> dict:

@@ -1,4 +1,5 @@
-"""The report's figures: accuracy by init strategy, and test accuracy against training step.
+"""The report's figures: accuracy by init strategy, test accuracy against training step and against
+the training budget, attention fidelity by block, and class-token attention maps on the patch grid.
 
 Figures are drawn on explicit Agg-backed `Figure` objects (no pyplot), so the report never needs a
 display, never touches the caller's global matplotlib state, and leaks no open figures. Each is
@@ -8,13 +9,16 @@ atomically, under the names linvit.grid lists as the report's outputs.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import NullLocator
 
 from linvit.grid import BENCHMARK_FIGURES, FIGURE_FORMATS, REFERENCE_INIT, REFERENCE_VARIANT, REPORT_FIGURES
 from linvit.io import atomic_path
@@ -23,7 +27,10 @@ from linvit.report.aggregate import ID_COLUMNS
 REFERENCE_LABEL = "softmax reference"
 REFERENCE_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.2}
 SEED_COLOR, MEAN_COLOR = "0.55", "C0"
-ACCURACY_FIGURE, CURVES_FIGURE = REPORT_FIGURES
+ACCURACY_FIGURE, CURVES_FIGURE = REPORT_FIGURES[:2]
+# The budget, fidelity and attention-map figures (to be listed in linvit.grid.REPORT_FIGURES).
+BUDGET_FIGURE, FIDELITY_FIGURE, MAPS_FIGURE = "accuracy_by_budget", "fidelity_by_block", "attention_maps"
+NO_DESIGN = "none"  # the design of a cell that does not distill (linvit.config.NO_DESIGN)
 (SCALING_FIGURE,) = BENCHMARK_FIGURES
 # Metadata without dates keeps reruns byte-stable.
 FORMAT_METADATA = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}
@@ -87,24 +94,28 @@ def training_curves(curves: pd.DataFrame, config: dict, out_dir: str | Path) -> 
     return save_figure(fig, Path(out_dir) / CURVES_FIGURE)
 
 
-def save_figure(fig: Figure, stem: Path) -> list[Path]:
+def save_figure(fig: Figure, stem: Path, dpi: float = 150) -> list[Path]:
     """Write the figure in every FIGURE_FORMATS (stem.png, stem.svg), each atomically."""
     paths = []
     for fmt in FIGURE_FORMATS:
         path = stem.with_suffix(f".{fmt}")
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=150, metadata=FORMAT_METADATA.get(fmt), bbox_inches="tight")
+            fig.savefig(tmp, format=fmt, dpi=dpi, metadata=FORMAT_METADATA.get(fmt), bbox_inches="tight")
         paths.append(path)
     return paths
 
 
-def _panel_grid(config: dict, width: float, height: float) -> tuple[Figure, dict]:
-    """One column per dataset, one row per variant (per variant and size when the grid has several sizes)."""
+def _panel_grid(config: dict, width: float, height: float, target=None) -> tuple[Figure, dict]:
+    """One column per dataset, one row per variant (per variant and size when the grid has several sizes).
+
+    On a new figure of `width` x `height` inches per panel, or on `target` (a subfigure) when given."""
     datasets, sizes, variants = config["targets"], config["sizes"], config["variants"]
     rows = [(size, variant) for size in sizes for variant in variants]
     with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
-        fig = Figure(figsize=(width * len(datasets), height * len(rows)), layout="constrained")
-        FigureCanvasAgg(fig)
+        fig = target
+        if fig is None:
+            fig = Figure(figsize=(width * len(datasets), height * len(rows)), layout="constrained")
+            FigureCanvasAgg(fig)
         axes = fig.subplots(len(rows), len(datasets), squeeze=False, sharey=True)
     panels = {}
     for r, (size, variant) in enumerate(rows):
@@ -134,8 +145,8 @@ def _select(frame: pd.DataFrame, dataset: str, size: str, variant: str) -> pd.Da
     return frame[(frame["dataset"] == dataset) & (frame["size"] == size) & (frame["variant"] == variant)]
 
 
-def _no_results(ax) -> None:
-    ax.text(0.5, 0.5, "no results", ha="center", va="center", transform=ax.transAxes, color="0.4")
+def _no_results(ax, text: str = "no results") -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
 
 
 def attention_scaling(bench: pd.DataFrame, out_dir: str | Path) -> list[Path]:
@@ -156,3 +167,302 @@ def attention_scaling(bench: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     ax.legend(fontsize=8, ncol=2, frameon=False)
     ax.grid(True, which="both", alpha=0.3)
     return save_figure(fig, Path(out_dir) / SCALING_FIGURE)
+
+
+# -- budgets, fidelity by block, attention maps ---------------------------------------------------
+
+def accuracy_by_budget(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
+    """Test accuracy against the training budget (student steps, log2 axis): one line per init strategy
+    (a distilling one: per init and design, "init [design]") through the mean over seeds, the seeds
+    as points, and the softmax reference dashed black (a horizontal line when it has one budget)."""
+    ok = _finished(runs)
+    lines = _lines(ok, config)
+    palette = dict(zip(lines, _init_colors(len(lines))))
+    budgets = sorted(ok["budget"].dropna().unique())
+    fig, panels = _panel_grid(config, width=4.2, height=3.0)
+    for (dataset, size, variant), ax in panels.items():
+        data = _select(ok, dataset, size, variant).dropna(subset=["budget", "test_acc"])
+        reference = _select(ok, dataset, size, REFERENCE_VARIANT).dropna(subset=["test_acc"])
+        if data.empty and reference.empty:
+            _no_results(ax)
+            continue
+        if data.empty:
+            _no_results(ax, "no student results")
+        for i, line in enumerate(lines):
+            g = data[(data["init"] == line[0]) & (data["design"] == line[1])]
+            if g.empty:
+                continue
+            # Lines side by side at a budget: a small shift along the log axis keeps seed points apart.
+            shift = 2.0 ** (0.12 * (i - (len(lines) - 1) / 2) / max(len(lines) - 1, 1))
+            ax.scatter(g["budget"] * shift, g["test_acc"], s=10, color=palette[line], alpha=0.45, linewidths=0)
+            mean = g.groupby("budget")["test_acc"].mean()
+            ax.plot(mean.index * shift, mean.to_numpy(), color=palette[line], marker="o", markersize=3.5,
+                    linewidth=1.4)
+        if not reference.empty:
+            ref = reference.dropna(subset=["budget"]).groupby("budget")["test_acc"].mean()
+            if len(ref) > 1:
+                ax.plot(ref.index, ref.to_numpy(), marker="o", markersize=3, **REFERENCE_STYLE)
+            else:
+                ax.axhline(reference["test_acc"].mean(), **REFERENCE_STYLE)
+        _budget_axis(ax, budgets)
+    handles = [Line2D([], [], color=palette[line], marker="o", markersize=3.5, label=_line_label(line))
+               for line in lines]
+    if lines:
+        handles.append(Line2D([], [], color=SEED_COLOR, marker="o", linestyle="none", markersize=3, alpha=0.6,
+                              label="seed (line: mean over seeds)"))
+    if (ok["variant"] == REFERENCE_VARIANT).any():
+        handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
+    _finish(fig, panels, xlabel="training budget (student steps)", ylabel="test accuracy", handles=handles)
+    return save_figure(fig, Path(out_dir) / BUDGET_FIGURE)
+
+
+# (metric, y label, subfigure title) of fidelity_by_block's two rows of panels.
+FIDELITY_ROWS = (("kl", "KL(A ‖ Â)", "KL divergence of the student's attention from the teacher's, per block"),
+                 ("corr", "map correlation", "Pearson correlation of the student's and the teacher's attention maps"))
+
+
+def fidelity_by_block(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
+    """Attention fidelity to the teacher by block, at each panel's largest budget (with fidelity
+    results), mean over seeds: KL(A‖Â) in the upper panels (log axis when every value is positive),
+    the maps' Pearson correlation in the lower ones; one line per init strategy and design, the
+    softmax reference (fine-tuned teacher against the teacher) dashed black where it was evaluated."""
+    ok = _finished(runs)
+    lines = _lines(ok, config)
+    palette = dict(zip(lines, _init_colors(len(lines))))
+    n_cols, n_rows = len(config["targets"]), len(config["sizes"]) * len(config["variants"])
+    width, height = 4.2, 3.0
+    fig = Figure(figsize=(width * n_cols, 2 * height * n_rows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    drawn, reference_drawn = set(), False
+    for (metric, ylabel, title), sub in zip(FIDELITY_ROWS, fig.subfigures(2, 1)):
+        _, panels = _panel_grid(config, width, height, target=sub)
+        sub.suptitle(title)
+        columns = _block_columns(ok, metric)
+        values = []
+        for (dataset, size, variant), ax in panels.items():
+            data = _select(ok, dataset, size, variant)
+            data = data[data[columns].notna().any(axis=1)] if columns else data.iloc[:0]
+            reference = _select(ok, dataset, size, REFERENCE_VARIANT)
+            reference = reference[reference[columns].notna().any(axis=1)] if columns else reference.iloc[:0]
+            if data.empty:
+                _no_results(ax)
+                continue
+            top = data["budget"].max()
+            if not pd.isna(top):
+                data = data[data["budget"] == top]
+                ax.set_title(f"{ax.get_title()} · budget {_budget_label(top)}")
+                if (reference["budget"] == top).any():
+                    reference = reference[reference["budget"] == top]
+            blocks = []
+            for line in lines:
+                g = data[(data["init"] == line[0]) & (data["design"] == line[1])]
+                mean = g[columns].mean().dropna() if not g.empty else pd.Series(dtype=float)
+                if mean.empty:
+                    continue
+                x = [_block_index(c, metric) for c in mean.index]
+                ax.plot(x, mean.to_numpy(), color=palette[line], marker="o", markersize=3.5, linewidth=1.4)
+                drawn.add(line), values.extend(mean.to_numpy()), blocks.extend(x)
+            mean = reference[columns].mean().dropna() if not reference.empty else pd.Series(dtype=float)
+            if not mean.empty:
+                x = [_block_index(c, metric) for c in mean.index]
+                ax.plot(x, mean.to_numpy(), marker="o", markersize=3, **REFERENCE_STYLE)
+                values.extend(mean.to_numpy()), blocks.extend(x)
+                reference_drawn = True
+            if blocks:
+                ax.set_xticks(range(min(blocks), max(blocks) + 1))
+        if metric == "kl" and values and min(values) > 0:
+            next(iter(panels.values())).set_yscale("log")  # shared y: every panel of the row
+        _finish(sub, panels, xlabel="block", ylabel=ylabel, handles=[])
+    handles = [Line2D([], [], color=palette[line], marker="o", markersize=3.5, label=_line_label(line))
+               for line in lines if line in drawn]
+    if reference_drawn:
+        handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), frameon=False)
+    return save_figure(fig, Path(out_dir) / FIDELITY_FIGURE)
+
+
+MAP_PANEL_INCHES = 0.8  # one head's patch grid
+MAP_MAX_PIXELS = 12000  # the PNG's longer side at most (dpi lowered for very large grids)
+MAP_CMAP = "viridis"
+
+
+def attention_maps(maps: list[dict], out_dir: str | Path) -> list[Path]:
+    """Class-token attention on the patch grid: one block of panels per (dataset, size, variant),
+    laid out like the other figures (a column per dataset, a row per size and variant). In a block,
+    rows are the teacher, the softmax reference if recorded, then each (init, design) student at its
+    largest budget and first seed; columns are heads. Each panel is the query row's patch part,
+    reshaped to the patch grid; the colour scale (0 to the row's largest weight) is shared by the
+    heads of a row, with a colour bar at its end.
+
+    `maps`: records {"dataset", "size", "variant", "init", "design", "budget", "seed", "model":
+    "teacher" | "student", and linvit.evaluate.class_token_rows' "row", "prefix", "grid", "heads"}.
+    """
+    records = [dict(r) for r in maps]
+    cells = list(dict.fromkeys((r["dataset"], r["size"], r["variant"]) for r in records
+                               if r.get("variant") != REFERENCE_VARIANT))
+    datasets = list(dict.fromkeys(c[0] for c in cells)) or [None]
+    rows = list(dict.fromkeys((c[1], c[2]) for c in cells)) or [(None, None)]
+    several_sizes = len({size for size, _ in rows}) > 1
+    blocks = {cell: _map_rows(records, *cell) for cell in cells}
+    heads = {cell: max((len(rec["heads"]) for _, rec in blocks[cell] if rec and rec.get("heads")), default=1)
+             for cell in cells}
+    col_heads = [max((heads[c] for c in cells if c[0] == d), default=1) for d in datasets]
+    row_models = [max((len(blocks[c]) for c in cells if (c[1], c[2]) == r), default=1) for r in rows]
+    width = [n * MAP_PANEL_INCHES + 2.4 for n in col_heads]
+    height = [n * MAP_PANEL_INCHES + 0.7 for n in row_models]
+    fig = Figure(figsize=(sum(width), sum(height)), layout="constrained")
+    FigureCanvasAgg(fig)
+    subs = fig.subfigures(len(rows), len(datasets), squeeze=False, width_ratios=width, height_ratios=height)
+    for r, (size, variant) in enumerate(rows):
+        for c, dataset in enumerate(datasets):
+            sub, cell = subs[r][c], (dataset, size, variant)
+            if cell not in blocks:
+                ax = sub.subplots()
+                ax.set_axis_off()
+                _no_results(ax)
+                if dataset is not None:
+                    sub.suptitle(f"{dataset} · {variant}" + (f" · {size}" if several_sizes else ""))
+                continue
+            _draw_map_block(sub, blocks[cell], heads[cell])
+            first = next((rec for _, rec in blocks[cell] if rec), {})
+            where = f"{first.get('row', 'class token')} row" + \
+                    (f", block {first['block']}" if first.get("block") is not None else "")
+            sub.suptitle(f"{dataset} · {variant}" + (f" · {size}" if several_sizes else "") + f" ({where})")
+    dpi = min(150.0, MAP_MAX_PIXELS / max(sum(width), sum(height)))
+    return save_figure(fig, Path(out_dir) / MAPS_FIGURE, dpi=dpi)
+
+
+def _map_rows(records: list[dict], dataset: str, size: str, variant: str) -> list[tuple[str, dict | None]]:
+    """(row label, record) of one block of attention_maps: the teacher (None when not recorded),
+    the softmax reference's student record if any, then each (init, design) student at its largest
+    budget and first seed, in order of first appearance."""
+
+    def pick(candidates):  # largest budget (a missing one last), then smallest seed
+        return min(candidates, key=lambda r: (-_number(r.get("budget"), -math.inf), _number(r.get("seed"))))
+
+    students = [r for r in records if r.get("model") == "student"]
+    same_size = [r for r in records if r["dataset"] == dataset and r["size"] == size]
+    teachers = [r for r in same_size if r.get("model") == "teacher"]
+    # The teacher recorded with this variant's students, else any of this dataset and size.
+    teacher = next((r for r in teachers if r["variant"] == variant), teachers[0] if teachers else None)
+    rows = [("teacher", teacher)]
+    reference = [r for r in students if r["dataset"] == dataset and r["size"] == size
+                 and r["variant"] == REFERENCE_VARIANT]
+    if reference:
+        rows.append((REFERENCE_LABEL, pick(reference)))
+    mine = [r for r in students if r["dataset"] == dataset and r["size"] == size and r["variant"] == variant]
+    for init, design in dict.fromkeys((r.get("init"), r.get("design", NO_DESIGN)) for r in mine):
+        chosen = pick([r for r in mine if r.get("init") == init and r.get("design", NO_DESIGN) == design])
+        rows.append((_line_label((init, design), wrap=True), chosen))
+    return rows
+
+
+def _draw_map_block(sub, rows: list[tuple[str, dict | None]], n_heads: int) -> None:
+    """One (dataset, size, variant) block: a row of head panels per model, a colour bar per row."""
+    axes = sub.subplots(len(rows), n_heads, squeeze=False)
+    kind = next((rec.get("row") for _, rec in rows if rec), None)
+    for i, (label, rec) in enumerate(rows):
+        images = _patch_images(rec)
+        if rec and rec.get("row") not in (None, kind):
+            label += f"\n({rec['row']})"
+        vmax = float(np.nanmax(images)) if images is not None and np.isfinite(images).any() else 1.0
+        im = None
+        for h, ax in enumerate(axes[i]):
+            ax.set_xticks([]), ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_visible(False)
+            if i == 0:
+                ax.set_title(f"head {h}", fontsize=8)
+            if h == 0:
+                ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=8)
+            if images is None:
+                if h == 0:
+                    _no_results(ax)
+                continue
+            if h < len(images):
+                im = ax.imshow(images[h], cmap=MAP_CMAP, vmin=0.0, vmax=max(vmax, 1e-12),
+                               interpolation="nearest")
+        if im is not None:
+            bar = sub.colorbar(im, ax=list(axes[i]), fraction=0.02, pad=0.01, aspect=8)
+            bar.ax.tick_params(labelsize=6)
+
+
+def _patch_images(rec: dict | None) -> np.ndarray | None:
+    """(heads, rows, cols) patch parts of a record's query rows; None when absent or malformed."""
+    if not rec or not rec.get("heads") or not rec.get("grid"):
+        return None
+    try:
+        heads = np.asarray(rec["heads"], dtype=float)
+        gh, gw = (int(g) for g in rec["grid"])
+        prefix = int(rec.get("prefix", 0))
+    except (TypeError, ValueError):
+        return None
+    if heads.ndim != 2 or heads.shape[1] - prefix != gh * gw:
+        return None
+    return heads[:, prefix:].reshape(len(heads), gh, gw)
+
+
+def _finished(runs: pd.DataFrame) -> pd.DataFrame:
+    """The finished ("ok") runs, with `design` ('none') and `budget` (NaN) filled in when absent."""
+    ok = runs[runs["status"] == "ok"].copy()
+    if "design" not in ok:
+        ok["design"] = NO_DESIGN
+    ok["design"] = ok["design"].fillna(NO_DESIGN).astype(str)
+    ok["budget"] = pd.to_numeric(ok["budget"], errors="coerce") if "budget" in ok else float("nan")
+    return ok
+
+
+def _lines(ok: pd.DataFrame, config: dict) -> list[tuple[str, str]]:
+    """The (init, design) pairs of the finished students: config's init order, then designs in the
+    order of config `distills` (else of appearance), designless first."""
+    students = ok[ok["variant"] != REFERENCE_VARIANT]
+    inits = list(config["inits"]) + [i for i in dict.fromkeys(students["init"]) if i not in config["inits"]]
+    order = list(config.get("distills") or [])
+    pairs = list(dict.fromkeys(zip(students["init"], students["design"])))
+    rank = {d: k for k, d in enumerate(order)}
+    return sorted(pairs, key=lambda p: (inits.index(p[0]), p[1] != NO_DESIGN,
+                                        rank.get(p[1], len(order)), pairs.index(p)))
+
+
+def _line_label(line: tuple[str, str], wrap: bool = False) -> str:
+    init, design = line
+    if design in (None, "", NO_DESIGN) or (isinstance(design, float) and math.isnan(design)):
+        return str(init)
+    return f"{init}{chr(10) if wrap else ' '}[{design}]"
+
+
+def _block_columns(frame: pd.DataFrame, metric: str) -> list[str]:
+    prefix = f"fidelity_{metric}_l"
+    cols = [c for c in frame.columns if c.startswith(prefix) and c.removeprefix(prefix).isdigit()]
+    return sorted(cols, key=lambda c: _block_index(c, metric))
+
+
+def _block_index(column: str, metric: str) -> int:
+    return int(column.removeprefix(f"fidelity_{metric}_l"))
+
+
+def _budget_label(b: float) -> str:
+    b = float(b)
+    if b >= 1000 and b % 1000 == 0:
+        return f"{int(b // 1000)}k"
+    return f"{b:g}"
+
+
+def _budget_axis(ax, budgets: list) -> None:
+    """log2 x axis with a tick at every budget of the grid, room on both sides (also for one budget)."""
+    ax.set_xscale("log", base=2)
+    if not budgets:
+        return
+    ax.set_xticks(budgets, [_budget_label(b) for b in budgets])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(min(budgets) / 2 ** 0.4, max(budgets) * 2 ** 0.4)
+
+
+def _number(value, missing: float = math.inf) -> float:
+    """value as a float; `missing` when it is absent, NaN or not a number."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return missing
+    return missing if math.isnan(out) else out

@@ -1,0 +1,254 @@
+"""The budget, fidelity-by-block and attention-map figures on small synthetic runs and records."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.image import AxesImage, imread
+
+from linvit.report import figures
+from linvit.report.figures import accuracy_by_budget, attention_maps, fidelity_by_block
+
+CONFIG = {"targets": ["dsA", "dsB"], "sizes": ["micro", "mini"], "variants": ["linA", "linB"],
+          "inits": ["random", "copy_all", "distilled"], "seeds": [0, 1], "distills": ["kl", "mse"]}
+DEPTH = {"micro": 4, "mini": 6}
+BUDGETS = [100, 400, 1600]
+DESIGNS = {"random": ["none"], "copy_all": ["none"], "distilled": ["kl", "mse"]}
+
+
+def accuracy(init: str, design: str, budget: int, seed: int) -> float:
+    base = {"random": 0.3, "copy_all": 0.5, "distilled": 0.6}[init] + (0.05 if design == "mse" else 0)
+    return base + 0.05 * math.log2(budget / 100) / 4 + 0.01 * seed
+
+
+def fidelity(init: str, design: str, block: int, seed: int) -> tuple[float, float, float]:
+    kl = {"random": 1.0, "copy_all": 0.5, "distilled": 0.1}[init] * (1 + block) * (2 if design == "mse" else 1)
+    return kl + 0.01 * seed, kl / 3, 1 / (1 + kl)
+
+
+def runs_frame(budgets=BUDGETS, drop=(("dsB", "mini", "linB"),), depth=DEPTH) -> pd.DataFrame:
+    rows = []
+    cols = {f"fidelity_{m}_l{k}" for m in ("kl", "js", "corr") for k in range(max(depth.values()))}
+    for dataset in CONFIG["targets"]:
+        for size in CONFIG["sizes"]:
+            for seed in CONFIG["seeds"]:
+                for budget in budgets:
+                    ref = {"dataset": dataset, "size": size, "variant": "softmax", "init": "reference",
+                           "design": "none", "budget": budget, "seed": seed, "status": "ok",
+                           "test_acc": 0.8 + 0.01 * seed}
+                    rows.append(ref)
+                for variant in CONFIG["variants"]:
+                    if (dataset, size, variant) in drop:
+                        continue
+                    for init in CONFIG["inits"]:
+                        for design in DESIGNS[init]:
+                            for budget in budgets:
+                                row = {"dataset": dataset, "size": size, "variant": variant, "init": init,
+                                       "design": design, "budget": budget, "seed": seed, "status": "ok",
+                                       "test_acc": accuracy(init, design, budget, seed)}
+                                for k in range(depth[size]):
+                                    # Fidelity changes with the budget: the figure must use the largest.
+                                    kl, js, corr = fidelity(init, design, k, seed)
+                                    scale = budget / max(budgets)
+                                    row.update({f"fidelity_kl_l{k}": kl * scale, f"fidelity_js_l{k}": js,
+                                                f"fidelity_corr_l{k}": corr})
+                                rows.append(row)
+    frame = pd.DataFrame(rows).reindex(columns=[*rows[0], *sorted(cols)])
+    # A diverged run must not count.
+    bad = frame.iloc[[0]].assign(status="diverged", test_acc=0.0, variant="linA", init="random")
+    return pd.concat([frame, bad], ignore_index=True)
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """The Figure objects the functions save, by file stem."""
+    figs = {}
+    save = figures.save_figure
+
+    def keep(fig, stem, **kw):
+        figs[stem.name] = fig
+        return save(fig, stem, **kw)
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    return figs
+
+
+def check_files(paths, stem, min_px=(200, 200), max_px=(20000, 20000)):
+    assert [p.name for p in paths] == [f"{stem}.png", f"{stem}.svg"]
+    for p in paths:
+        assert p.stat().st_size > 0
+    img = imread(paths[0])
+    h, w = img.shape[:2]
+    assert min_px[0] <= h <= max_px[0] and min_px[1] <= w <= max_px[1], (h, w)
+    assert np.ptp(img[..., :3]) > 0.2  # not all one colour
+    assert paths[1].read_text().lstrip().startswith("<?xml")
+    return img
+
+
+def all_axes(fig):
+    return [ax for ax in fig.get_axes() if ax.get_label() != "<colorbar>"]
+
+
+def panel_texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.get_axes() for t in ax.texts]
+
+
+def panel(fig, title_start: str):
+    found = [ax for ax in fig.get_axes() if ax.get_title().startswith(title_start)]
+    assert found, [ax.get_title() for ax in fig.get_axes()]
+    return found
+
+
+def legend_labels(fig) -> list[str]:
+    return [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+
+
+def test_accuracy_by_budget(tmp_path, captured):
+    paths = accuracy_by_budget(runs_frame(), CONFIG, tmp_path)
+    check_files(paths, "accuracy_by_budget", min_px=(800, 600))
+    fig = captured["accuracy_by_budget"]
+    assert len(all_axes(fig)) == 2 * 4  # datasets x (sizes x variants)
+    assert panel_texts(fig) == ["no student results"]  # dsB · linB · mini: only the reference
+    labels = legend_labels(fig)
+    assert labels[:4] == ["random", "copy_all", "distilled [kl]", "distilled [mse]"]
+    assert "softmax reference" in labels
+    ax = panel(fig, "dsA · linA · micro")[0]
+    assert ax.get_xscale() == "log"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["100", "400", "1600"]
+    # One mean line per (init, design) plus the reference's line over budgets; means over the two seeds.
+    means = [line for line in ax.get_lines() if len(line.get_xdata()) == 3]
+    assert len(means) == 5
+    expected = [(accuracy("copy_all", "none", b, 0) + accuracy("copy_all", "none", b, 1)) / 2 for b in BUDGETS]
+    assert np.allclose(means[1].get_ydata(), expected)
+    assert means[-1].get_linestyle() == "--" and np.allclose(means[-1].get_ydata(), 0.805)
+
+
+def test_accuracy_by_budget_single_budget_and_empty(tmp_path, captured):
+    paths = accuracy_by_budget(runs_frame(budgets=[500]), CONFIG, tmp_path)
+    check_files(paths, "accuracy_by_budget")
+    ax = panel(captured["accuracy_by_budget"], "dsA · linA · micro")[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["500"]
+    lo, hi = ax.get_xlim()
+    assert lo < 500 < hi
+    # The reference has one budget: a horizontal line across the panel.
+    ref = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert len(ref) == 1 and np.allclose(ref[0].get_ydata(), 0.805)
+    # Nothing finished at all: every panel says so, and the files are still written.
+    empty = runs_frame().assign(status="missing")
+    check_files(accuracy_by_budget(empty, CONFIG, tmp_path / "empty"), "accuracy_by_budget")
+    assert panel_texts(captured["accuracy_by_budget"]).count("no results") == 8
+
+
+def test_accuracy_by_budget_without_design_and_budget_columns(tmp_path):
+    frame = runs_frame(budgets=[500]).drop(columns=["design", "budget"])
+    check_files(accuracy_by_budget(frame, CONFIG, tmp_path), "accuracy_by_budget")
+
+
+def test_fidelity_by_block(tmp_path, captured):
+    paths = fidelity_by_block(runs_frame(), CONFIG, tmp_path)
+    check_files(paths, "fidelity_by_block", min_px=(1200, 600))
+    fig = captured["fidelity_by_block"]
+    assert len(all_axes(fig)) == 2 * 2 * 4  # (KL, corr) x datasets x (sizes x variants)
+    assert panel_texts(fig).count("no results") == 2  # the missing cell, in both rows
+    assert legend_labels(fig) == ["random", "copy_all", "distilled [kl]", "distilled [mse]"]  # no reference fidelity
+    kl_ax, corr_ax = panel(fig, "dsA · linA · mini · budget 1600")
+    assert kl_ax.get_yscale() == "log" and corr_ax.get_yscale() == "linear"
+    lines = kl_ax.get_lines()
+    assert len(lines) == 4 and list(lines[0].get_xdata()) == list(range(6))
+    # At the largest budget, mean over seeds.
+    expected = [(fidelity("random", "none", k, 0)[0] + fidelity("random", "none", k, 1)[0]) / 2 for k in range(6)]
+    assert np.allclose(lines[0].get_ydata(), expected)
+    assert np.allclose(corr_ax.get_lines()[2].get_ydata(), [fidelity("distilled", "kl", k, 0)[2] for k in range(6)])
+    # The smaller size has fewer blocks (NaN columns beyond its depth).
+    micro = panel(fig, "dsA · linA · micro")[0]
+    assert list(micro.get_lines()[0].get_xdata()) == list(range(4))
+
+
+def test_fidelity_by_block_single_budget_reference_and_missing_columns(tmp_path, captured):
+    frame = runs_frame(budgets=[500])
+    ref = frame["variant"] == "softmax"
+    frame.loc[ref, "fidelity_kl_l0"] = 0.01  # an evaluated reference: drawn dashed
+    check_files(fidelity_by_block(frame, CONFIG, tmp_path), "fidelity_by_block")
+    assert legend_labels(captured["fidelity_by_block"])[-1] == "softmax reference"
+    # Runs without any fidelity columns (not evaluated): every panel says so.
+    bare = frame[[c for c in frame.columns if not c.startswith("fidelity_")]]
+    check_files(fidelity_by_block(bare, CONFIG, tmp_path / "bare"), "fidelity_by_block")
+    assert panel_texts(captured["fidelity_by_block"]).count("no results") == 16
+
+
+def map_record(dataset, size, variant, init, design, budget, seed, model, heads=4, grid=(7, 7), prefix=1,
+               value=None, row="class token"):
+    n = prefix + grid[0] * grid[1]
+    rng = np.random.default_rng(abs(hash((dataset, size, variant, init, design, budget, seed, model))) % 2**32)
+    rows = rng.random((heads, n)) if value is None else np.full((heads, n), value)
+    rows = rows / rows.sum(-1, keepdims=True)
+    return {"dataset": dataset, "size": size, "variant": variant, "init": init, "design": design,
+            "budget": budget, "seed": seed, "row": row, "prefix": prefix, "grid": list(grid),
+            "heads": rows.tolist(), "model": model, "block": 3}
+
+
+def map_records():
+    out = []
+    for dataset in ("dsA", "dsB"):
+        for variant in ("linA", "linB"):
+            if (dataset, variant) == ("dsB", "linB"):
+                continue  # a missing cell
+            for init, design in (("random", "none"), ("distilled", "kl"), ("distilled", "mse")):
+                for budget in (100, 400):
+                    for seed in (1, 0):
+                        out.append(map_record(dataset, "micro", variant, init, design, budget, seed, "teacher"))
+                        out.append(map_record(dataset, "micro", variant, init, design, budget, seed, "student"))
+    return out
+
+
+def test_attention_maps(tmp_path, captured):
+    records = map_records()
+    # A softmax reference's record: its own row under the teacher.
+    records.append(map_record("dsA", "micro", "softmax", "reference", "none", 400, 0, "student"))
+    # A malformed record (wrong length for its grid): its row says "no results".
+    bad = map_record("dsA", "micro", "linA", "broken", "none", 400, 0, "student")
+    bad["heads"] = [h[:-3] for h in bad["heads"]]
+    records.append(bad)
+    paths = attention_maps(records, tmp_path)
+    check_files(paths, "attention_maps", min_px=(600, 800), max_px=(6000, 6000))
+    fig = captured["attention_maps"]
+    texts = panel_texts(fig)
+    assert texts.count("no results") == 2  # the missing cell and the malformed record
+    labels = [ax.get_ylabel() for ax in fig.get_axes() if ax.get_ylabel()]
+    assert labels[:6] == ["teacher", "softmax reference", "random", "distilled\n[kl]", "distilled\n[mse]", "broken"]
+    images = [im for ax in fig.get_axes() for im in ax.get_images()]
+    # dsA·linA: 5 drawn rows (the broken one is not), dsA·linB 5 (the reference is dsA's), dsB·linA 4; 4 heads.
+    assert len(images) == (5 + 5 + 4) * 4
+    assert all(isinstance(im, AxesImage) and im.get_array().shape == (7, 7) for im in images)
+    # The student shown is the largest budget's first seed, the class token's patch part on the grid.
+    expect = map_record("dsA", "micro", "linA", "distilled", "kl", 400, 0, "student")
+    first_kl = [im for ax in fig.get_axes() if ax.get_ylabel() == "distilled\n[kl]" for im in ax.get_images()][0]
+    assert np.allclose(first_kl.get_array(), np.asarray(expect["heads"][0][1:]).reshape(7, 7))
+    # One colour scale per row: 0 to the row's largest patch weight.
+    row_max = np.asarray(expect["heads"])[:, 1:].max()
+    assert first_kl.get_clim() == pytest.approx((0.0, row_max))
+
+
+def test_attention_maps_large_grid_stays_readable(tmp_path, captured):
+    records = [map_record("dsA", "deit", "linA", "x", "none", 100, 0, "teacher", heads=12, grid=(14, 14))]
+    records += [map_record("dsA", "deit", "linA", f"init{i}", "none", 100, 0, "student", heads=12, grid=(14, 14))
+                for i in range(9)]
+    img = check_files(attention_maps(records, tmp_path), "attention_maps", min_px=(1000, 1200),
+                      max_px=(3000, 3000))
+    assert img.shape[1] > img.shape[0] * 0.8  # 12 heads wide, 10 rows tall
+    assert len([im for ax in captured["attention_maps"].get_axes() for im in ax.get_images()]) == 10 * 12
+
+
+def test_attention_maps_mean_rows_and_empty(tmp_path, captured):
+    records = [map_record("dsA", "micro", "linA", "random", "none", 100, 0, "teacher", prefix=0, row="mean of rows"),
+               map_record("dsA", "micro", "linA", "random", "none", 100, 0, "student", prefix=0, row="mean of rows")]
+    check_files(attention_maps(records, tmp_path), "attention_maps", min_px=(150, 300))
+    assert "mean of rows row" in captured["attention_maps"].subfigs[0]._suptitle.get_text()
+    # No records: a figure that says so.
+    check_files(attention_maps([], tmp_path / "none"), "attention_maps", min_px=(20, 20))
+    assert panel_texts(captured["attention_maps"]) == ["no results"]
+    # Only a teacher: its row is drawn.
+    check_files(attention_maps(records[:1], tmp_path / "teacher"), "attention_maps", min_px=(50, 300))

@@ -15,15 +15,20 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from linvit.grid import Cell, all_cells
+from linvit.config import NO_DESIGN
+from linvit.grid import REPORT_FIGURES, Cell, all_cells
 from linvit.report import ResultsError, collect, cost_table, evaluate_claims, summarize, write_report
 
 INITS = ["random", "copy_all", "copy_attn", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill", "distill_only"]
 CONFIG = {
     "targets": ["dsA", "dsB"], "sizes": ["tiny"], "variants": ["linA", "linB"], "inits": INITS, "seeds": [0, 1],
     "teacher": {"dataset": "pretrainset"},
+    # One budget (the default: student.train.steps) and one design: the grid of the claims alone.
+    "student": {"train": {"steps": 100}},
+    "distill_designs": {"proj_mse": {"losses": ["proj_mse"]}}, "distills": ["proj_mse"],
     "init_strategies": {
         "random": {"copy": [], "distill": False},
         "copy_all": {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": False},
@@ -49,6 +54,7 @@ ACC = {
 }
 SPREAD = 0.01
 STEPS, TRAIN_TIME, DISTILL_TIME, LAYERS = 100, 10.0, 2.5, 3
+DESIGN = "proj_mse"
 FAILED_LOG = ["starting run", "RuntimeError: shape mismatch in blocks.0.attn.qkv", "Error: job failed", "exit 1"]
 
 
@@ -57,25 +63,31 @@ def accuracy(cell: Cell) -> float:
     return base + (SPREAD if cell.seed else -SPREAD)
 
 
-def write_cell(results: Path, cell: Cell, acc: float, evaluated: bool = True) -> None:
+def write_cell(results: Path, cell: Cell, acc: float, evaluated: bool = True, train_losses=(),
+               task_weight: float = 1.0, distill_steps: int = 20) -> None:
+    """A finished run's files as linvit.steps writes them (metrics.json, eval.json, train.jsonl)."""
     run_dir = cell.run_dir(results)
     run_dir.mkdir(parents=True, exist_ok=True)
-    distills = "distill" in cell.init
-    metrics = {**cell.as_dict(), "test_acc": acc, "test_samples": 1000, "steps": STEPS, "train_time_s": TRAIN_TIME,
-               "images_seen": STEPS * 32,
+    metrics = {**cell.as_dict(), "test_acc": acc, "test_samples": 1000, "steps": cell.budget,
+               "train_time_s": TRAIN_TIME, "images_seen": cell.budget * 32,
                "copied": {"embed": 10, "attn": 0 if cell.init == "copy_mlp" else 40, "attn_extra": 0, "mlp": 80,
                           "norm": 4, "head": 20},
-               "distill": {"loss": "kl", "steps": 20, "time_s": DISTILL_TIME, "final_loss": 0.1} if distills else None}
+               "distill": ({"design": cell.design, "loss": cell.design, "steps": distill_steps, "time_s": DISTILL_TIME,
+                            "final_loss": 0.1} if cell.distills else None),
+               "train_losses": [dict(t) for t in train_losses], "task_weight": task_weight}
     (run_dir / "metrics.json").write_text(json.dumps(metrics))
     if evaluated:
-        fidelity = [0.1 * (layer + 1) for layer in range(LAYERS)]
+        fidelity = {"kl": [0.1 * (layer + 1) for layer in range(LAYERS)],
+                    "js": [0.01 * (layer + 1) for layer in range(LAYERS)],
+                    "corr": [0.9 - 0.1 * layer for layer in range(LAYERS)]}
         (run_dir / "eval.json").write_text(json.dumps({
             **cell.as_dict(), "params": 5000, "params_attn_extra": 0 if cell.is_reference else 30,
-            "throughput_img_s": 900.0, "fidelity_kl": fidelity, "fidelity_kl_mean": sum(fidelity) / LAYERS}))
+            "throughput_img_s": 900.0, **{f"fidelity_{k}": v for k, v in fidelity.items()},
+            **{f"fidelity_{k}_mean": sum(v) / LAYERS for k, v in fidelity.items()}}))
     # Accuracy rises linearly to its final value over five evaluations, with training lines in between.
     lines = []
     for k in range(1, 6):
-        step = k * STEPS // 5
+        step = k * cell.budget // 5
         lines.append({"kind": "train", "step": step, "loss": 2.0 / k, "lr": 1e-3, "elapsed_s": step / 10})
         lines.append({"kind": "eval", "step": step, "epoch": k, "test_acc": acc * k / 5, "samples": 1000,
                       "elapsed_s": step / 10})
@@ -136,7 +148,11 @@ def test_runs_table_has_one_row_per_expected_cell_and_missing_reasons(tree):
     assert len(missing) == 4
     row = runs[(runs["init"] == "copy_mlp_distill") & (runs["status"] == "ok")].iloc[0]
     assert row["total_time_s"] == pytest.approx(TRAIN_TIME + DISTILL_TIME)
-    assert row["distill_steps"] == 20
+    assert row["distill_steps"] == 20 and row["distill_loss"] == DESIGN
+    assert (row["design"], row["budget"]) == (DESIGN, STEPS)
+    assert set(runs.loc[~runs["init"].str.contains("distill"), "design"]) == {NO_DESIGN}
+    assert row["fidelity_js_l2"] == pytest.approx(0.03) and row["fidelity_corr_l0"] == pytest.approx(0.9)
+    assert pd.isna(row["train_losses"]) and row["task_weight"] == 1.0
     # Only eval lines become curve rows: 5 per run that wrote a train.jsonl.
     assert len(curves) == 5 * (len(runs) - 3)
 
@@ -145,20 +161,22 @@ def test_csv_columns(tree):
     results, report, written = tree
     with open(results / "runs.csv") as fh:
         columns = next(csv.reader(fh))
-    assert columns[:7] == ["dataset", "size", "variant", "init", "seed", "status", "reason"]
+    assert columns[:9] == ["dataset", "size", "variant", "init", "design", "budget", "seed", "status", "reason"]
     for col in ["test_acc", "test_samples", "steps", "train_time_s", "images_seen", "distill_steps",
-                "distill_time_s", "total_time_s", "params", "params_attn_extra", "throughput_img_s",
-                "fidelity_kl_mean", "copied_embed", "copied_attn", "copied_attn_extra", "copied_mlp",
-                "copied_norm", "copied_head"]:
+                "distill_time_s", "total_time_s", "train_losses", "task_weight", "params", "params_attn_extra",
+                "throughput_img_s", "fidelity_kl_mean", "fidelity_js_mean", "fidelity_corr_mean", "copied_embed",
+                "copied_attn", "copied_attn_extra", "copied_mlp", "copied_norm", "copied_head"]:
         assert col in columns
-    assert [c for c in columns if c.startswith("fidelity_kl_l")] == [f"fidelity_kl_l{i}" for i in range(LAYERS)]
+    for metric in ("kl", "js", "corr"):
+        assert [c for c in columns if c.startswith(f"fidelity_{metric}_l")] == [
+            f"fidelity_{metric}_l{i}" for i in range(LAYERS)]
     with open(results / "curves.csv") as fh:
-        assert next(csv.reader(fh)) == ["dataset", "size", "variant", "init", "seed", "step", "epoch", "test_acc",
-                                        "elapsed_s"]
+        assert next(csv.reader(fh)) == ["dataset", "size", "variant", "init", "design", "budget", "seed", "step",
+                                        "epoch", "test_acc", "elapsed_s"]
     with open(report / "summary.csv") as fh:
         summary_columns = next(csv.reader(fh))
-    assert summary_columns[:9] == ["dataset", "size", "variant", "init", "n_seeds", "n_expected", "test_acc_mean",
-                                   "test_acc_std", "gap_closed"]
+    assert summary_columns[:11] == ["dataset", "size", "variant", "init", "design", "budget", "n_seeds", "n_expected",
+                                    "test_acc_mean", "test_acc_std", "gap_closed"]
     assert {results / "runs.csv", results / "curves.csv", report / "summary.csv", report / "README.md"} <= set(written)
 
 
@@ -166,6 +184,7 @@ def test_gap_closed_and_seed_statistics(tree):
     results, _, _ = tree
     runs, _ = collect(CONFIG, results)
     summary = summarize(runs, CONFIG).set_index(["dataset", "variant", "init"])
+    assert summary.loc[("dsA", "linA", "copy_mlp_distill"), "design"] == DESIGN
     row = summary.loc[("dsA", "linA", "copy_mlp_distill")]
     assert row["test_acc_mean"] == pytest.approx(0.81)
     assert row["test_acc_std"] == pytest.approx(SPREAD * math.sqrt(2))
@@ -229,10 +248,11 @@ def test_not_evaluable_when_inits_absent_and_single_seed(tree):
     runs, _ = collect(config, results)
     verdicts = {v.claim: v for v in evaluate_claims(runs, config)}
     assert verdicts["C1"].verdict == ("not evaluable: no init strategy in the grid has the content of attn_only "
-                                      "(copies attn; no distillation; `attn_only` is defined but not in inits)")
+                                      "(copies attn; no distillation; task loss only; `attn_only` is defined but "
+                                      "not in inits)")
     assert verdicts["C2"].verdict == "supported"
-    assert "strict share not available (mlp_only (copies mlp; no distillation; `mlp_only` is defined but not in " \
-        "inits): no init strategy in the grid has this content)" in verdicts["C2"].cells[0].text
+    assert ("strict share not available (mlp_only (copies mlp; no distillation; task loss only; `mlp_only` is defined "
+            "but not in inits): no init strategy in the grid has this content)") in verdicts["C2"].cells[0].text
     assert "n/a (1 seed)" in verdicts["C3"].cells[0].text
     assert verdicts["C4"].verdict.startswith("not evaluable: the grid spans a single")
 
@@ -256,26 +276,33 @@ def test_cost_table_steps_to_reach_random(tree):
     results, _, _ = tree
     runs, curves = collect(CONFIG, results)
     costs = cost_table(runs, curves, CONFIG).set_index(["dataset", "variant", "init"])
-    row = costs.loc[("dsA", "linA", "copy_mlp_distill")]
+    row = costs.loc[("dsA", "linA", f"copy_mlp_distill (design {DESIGN})")]
     # Curves reach 0.2, 0.4, ... of the final accuracy: 0.8 x 0.80 first beats random's 0.49 at step 80.
     assert row["steps_to_random_acc"] == 80 and row["seeds_reaching"] == 2
     assert row["total_time_s_mean"] == pytest.approx(TRAIN_TIME + DISTILL_TIME)
-    assert set(costs.loc[("dsA", "linA")].index) == {"random", "copy_mlp_distill", "softmax reference"}
+    assert set(costs.loc[("dsA", "linA")].index) == {"random", f"copy_mlp_distill (design {DESIGN})",
+                                                      "softmax reference"}
+    assert set(costs["budget"]) == {STEPS}
 
 
 def test_report_files_figures_and_sections(tree):
     _, report, _ = tree
-    for name in ("accuracy_by_init", "training_curves"):
+    readme = (report / "README.md").read_text()
+    for name in REPORT_FIGURES:  # accuracy by init, curves, accuracy by budget, fidelity by block, attention maps
         png, svg = report / "figures" / f"{name}.png", report / "figures" / f"{name}.svg"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
         assert b"<svg" in svg.read_bytes()[:2000]
-    readme = (report / "README.md").read_text()
+        assert f"](figures/{name}.png)" in readme
     for heading in ("## Grid covered", "## Summary", "## Figures", "## Claims", "### C1", "### C2", "### C3",
                     "### C4", "## Cost", "## Missing cells and failed runs"):
         assert heading in readme
     assert "figures/accuracy_by_init.png" in readme
-    assert "`dsB/tiny/linB/attn_only/seed0` (missing): Error: job failed" in readme
+    assert f"`dsB/tiny/linB/attn_only/none/steps{STEPS}/seed0` (missing): Error: job failed" in readme
     assert "**Verdict: partly supported (2 of 3 cells).**" in readme
+    # One budget: no per-budget table, and no budget column where every row has the same.
+    assert f"- `dsA/tiny/linA/steps{STEPS}`: holds" in readme
+    assert "| claim | " not in readme and f"All rows: budget {STEPS} steps." in readme
+    assert f"- Budgets: {STEPS} steps. A budget is" in readme and "- Distillation designs: `proj_mse`. A design is" in readme
     assert json.loads((report / "claims.json").read_text())[0]["claim"] == "C1"
     assert (report / "notes.txt").read_text() == "mine"
     assert not list(report.rglob("*.tmp")) and not list(report.rglob(".*"))
@@ -292,7 +319,7 @@ def test_empty_results_tree_reports_every_cell_missing(tmp_path):
 
 def test_malformed_jsonl_line_makes_the_cell_invalid_naming_file_and_line(tmp_path):
     config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "inits": ["random"], "seeds": [0]}
-    cell = Cell("dsA", "tiny", "linA", "random", 0)
+    cell = Cell("dsA", "tiny", "linA", "random", 0, NO_DESIGN, STEPS)
     write_cell(tmp_path, cell, 0.5)
     path = cell.run_dir(tmp_path) / "train.jsonl"
     lines = path.read_text().splitlines()
@@ -306,7 +333,7 @@ def test_malformed_jsonl_line_makes_the_cell_invalid_naming_file_and_line(tmp_pa
 
 def test_mismatched_or_incomplete_metrics_name_the_file_and_key(tmp_path):
     config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "inits": ["random"], "seeds": [0]}
-    cell = Cell("dsA", "tiny", "linA", "random", 0)
+    cell = Cell("dsA", "tiny", "linA", "random", 0, NO_DESIGN, STEPS)
     write_cell(tmp_path, cell, 0.5)
     metrics_path = cell.run_dir(tmp_path) / "metrics.json"
     metrics = json.loads(metrics_path.read_text())
@@ -318,8 +345,17 @@ def test_mismatched_or_incomplete_metrics_name_the_file_and_key(tmp_path):
 
     metrics_path.write_text(json.dumps({**metrics, "variant": "linB"}))
     assert reason().startswith(f"{metrics_path}: 'variant' is 'linB'")
+    metrics_path.write_text(json.dumps({**metrics, "budget": 2 * STEPS}))  # another budget's run copied here
+    assert reason() == f"{metrics_path}: 'budget' is {2 * STEPS} but the file lies in cell {cell.key}"
+    metrics_path.write_text(json.dumps({**metrics, "train_losses": [{"loss": "logit_kd", "weight": "high"}]}))
+    assert reason() == f"{metrics_path}: 'train_losses[0].weight' is 'high', expected a number"
     del metrics["steps"]
     metrics_path.write_text(json.dumps(metrics))
     assert reason() == f"{metrics_path}: missing key 'steps'"
     with pytest.raises(ResultsError, match="config: missing key 'seeds'"):
         collect({k: v for k, v in config.items() if k != "seeds"}, tmp_path)
+    with pytest.raises(ResultsError, match=r"config: missing key 'budgets' \(or 'student.train.steps'"):
+        collect({k: v for k, v in config.items() if k != "student"}, tmp_path)
+    with pytest.raises(ResultsError, match="'copy_mlp_distill' distills, but no distillation design is given"):
+        collect({**{k: v for k, v in config.items() if k not in ("distills", "distill_designs")},
+                 "inits": ["random", "copy_mlp_distill"]}, tmp_path)

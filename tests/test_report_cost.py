@@ -6,9 +6,10 @@ import math
 from pathlib import Path
 
 import pytest
-from test_report import CONFIG, accuracy, write_cell
+from test_report import CONFIG, DESIGN, STEPS, accuracy, write_cell
 
-from linvit.grid import Cell, all_cells, benchmark_path
+from linvit.config import NO_DESIGN
+from linvit.grid import Cell, all_cells, benchmark_path, distill_key
 from linvit.report import collect, collect_benchmarks, write_report
 
 CFG = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "seeds": [0], "inits": ["random", "copy_mlp_distill"]}
@@ -27,7 +28,8 @@ def tsv(path, *rows) -> None:
 
 
 def cell(init: str) -> Cell:
-    return Cell("dsA", "tiny", "softmax" if init == "reference" else "linA", init, 0)
+    return Cell("dsA", "tiny", "softmax" if init == "reference" else "linA", init, 0,
+                DESIGN if "distill" in init else NO_DESIGN, STEPS)
 
 
 @pytest.fixture()
@@ -36,7 +38,8 @@ def results(tmp_path):
     for c in all_cells(CFG):
         write_cell(root, c, accuracy(c))
     tsv(benchmark_path("teacher", "tiny", root), (100.0, 500.0, 180.0))
-    tsv(benchmark_path("distill", "dsA/tiny/linA/seed0", root), (20.0, 300.0, 19.0))
+    tsv(benchmark_path("distill", distill_key("dsA", "tiny", "linA", "copy_mlp_distill", DESIGN, 0), root),
+        (20.0, 300.0, 19.0))
     tsv(cell("random").benchmark_path("students", root), (10.0, 200.0, 9.0), (12.0, 220.0, 11.0))  # two repeats
     tsv(cell("copy_mlp_distill").benchmark_path("students", root), (15.0, 250.0, 14.0))
     # The reference's training job left no benchmark (run by hand): its columns are NaN.
@@ -62,7 +65,7 @@ def test_runs_get_wall_clock_and_peak_memory_per_job(results):
 def test_cost_per_rule_with_totals(results):
     costs = collect_benchmarks(CFG, results).set_index("rule")
     assert costs.loc["teacher", ["jobs", "benchmarked", "wall_s_total", "max_rss_mb_peak"]].tolist() == [1, 1, 100.0, 500.0]
-    assert costs.loc["distill", "wall_s_total"] == 20.0
+    assert costs.loc[f"distill: copy_mlp_distill/{DESIGN}", ["jobs", "wall_s_total"]].tolist() == [1, 20.0]
     assert costs.loc["student: random", "wall_s_total"] == 11.0
     assert costs.loc["student: copy_mlp_distill", "max_rss_mb_peak"] == 250.0
     assert costs.loc["reference", ["jobs", "benchmarked"]].tolist() == [1, 0]
@@ -76,6 +79,7 @@ def test_cost_per_rule_with_totals(results):
     readme = (results.parent / "report" / "README.md").read_text()
     cost = readme.split("## Cost")[1].split("\n## ")[0]
     assert "| teacher " in cost and "| student: copy_mlp_distill " in cost and "| total " in cost
+    assert f"| distill: copy_mlp_distill/{DESIGN} " in cost
     assert "| 1 of 1 " in cost and "| 0 of 1 " in cost and "| 158.0 " in cost
 
 

@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from test_report import CONFIG, accuracy, write_cell, write_log
+from test_report import CONFIG, DESIGN, STEPS, accuracy, write_cell, write_log
 
+from linvit.config import NO_DESIGN
 from linvit.grid import Cell, all_cells, distill_key, log_path
 from linvit.report import ResultsError, collect, write_report
 
@@ -20,7 +21,8 @@ SMALL = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "seeds": [0],
 
 
 def cell(init: str) -> Cell:
-    return Cell("dsA", "tiny", "softmax" if init == "reference" else "linA", init, 0)
+    return Cell("dsA", "tiny", "softmax" if init == "reference" else "linA", init, 0,
+                DESIGN if "distill" in init else NO_DESIGN, STEPS)
 
 
 def full_tree(results):
@@ -89,9 +91,10 @@ def test_diverged_runs_get_their_own_status_and_the_log_line(tmp_path):
     student = cell("copy_mlp_distill")
     for name in ("metrics.json", "eval.json"):
         (student.run_dir(tmp_path) / name).unlink()
-    distill_log = Path(log_path("distill", distill_key("dsA", "tiny", "linA", 0), tmp_path))
+    distill_log = Path(log_path("distill", distill_key("dsA", "tiny", "linA", "copy_mlp_distill", DESIGN, 0), tmp_path))
     distill_log.parent.mkdir(parents=True, exist_ok=True)
-    distill_log.write_text("linvit: error: distill dsA/tiny/linA/seed0: attention distillation diverged (loss inf)\n")
+    distill_log.write_text("linvit: error: distill dsA/tiny/linA/copy_mlp_distill/proj_mse: attention distillation "
+                           "diverged (loss inf)\n")
     # A run that failed otherwise stays "missing".
     failed = cell("copy_mlp")
     (failed.run_dir(tmp_path) / "metrics.json").unlink()
@@ -100,7 +103,7 @@ def test_diverged_runs_get_their_own_status_and_the_log_line(tmp_path):
     assert runs.loc["attn_only", ["status", "reason"]].tolist() == ["diverged", line]
     assert runs.loc["copy_mlp_distill", "status"] == "diverged"
     assert runs.loc["copy_mlp_distill", "reason"] == (
-        f"distillation diverged ({distill_log}): linvit: error: distill dsA/tiny/linA/seed0: "
+        f"distillation diverged ({distill_log}): linvit: error: distill dsA/tiny/linA/copy_mlp_distill/proj_mse: "
         "attention distillation diverged (loss inf)")
     assert runs.loc["copy_mlp", ["status", "reason"]].tolist() == ["missing", "linvit: error: out of memory"]
     with open(tmp_path / "runs.csv") as fh:

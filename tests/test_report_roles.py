@@ -8,6 +8,7 @@ strategy fills, are named in the report.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def renamed_config() -> dict:
 def move_to_renamed(original: Path, renamed: Path) -> None:
     """The same result files, each under its strategy's new name (and with the new name inside)."""
     for cell in all_cells(CONFIG):
-        new = Cell(cell.dataset, cell.size, cell.variant, RENAME.get(cell.init, cell.init), cell.seed)
+        new = Cell(cell.dataset, cell.size, cell.variant, RENAME.get(cell.init, cell.init), cell.seed, cell.design,
+                   cell.budget)
         if cell.run_dir(original).exists():
             shutil.copytree(cell.run_dir(original), new.run_dir(renamed))
             for name in ("metrics.json", "eval.json"):
@@ -48,8 +50,8 @@ def move_to_renamed(original: Path, renamed: Path) -> None:
 
 def essence(verdicts):
     """What must not depend on names: verdicts, counts, and per cell whether it holds and the numbers."""
-    return [(v.claim, v.verdict, v.holds_in, v.evaluable,
-             [(c.dataset, c.size, c.variant, c.holds, c.numbers) for c in v.cells]) for v in verdicts]
+    return [(v.claim, v.verdict, v.holds_in, v.evaluable, v.by_budget,
+             [(c.dataset, c.size, c.variant, c.budget, c.holds, c.numbers) for c in v.cells]) for v in verdicts]
 
 
 def test_renamed_strategies_give_identical_verdicts(tmp_path):
@@ -68,8 +70,11 @@ def test_renamed_strategies_give_identical_verdicts(tmp_path):
     readme = (tmp_path / "report" / "README.md").read_text()
     assert "**Verdict: partly supported (2 of 3 cells).**" in readme
     # The report names each role by its content and by the user's strategy.
-    assert "| random | copies nothing; no distillation | `baseline` |" in readme
-    assert "| attn_only | copies attn; no distillation | `just_attention` |" in readme
+    assert "| random | copies nothing; no distillation; task loss only | `baseline` |" in readme
+    assert "| attn_only | copies attn; no distillation; task loss only | `just_attention` |" in readme
+    assert ("| copy_mlp_distill | copies embed, mlp, norm, head; attention distilled; task loss only | "
+            "`mlp_and_distilled`, design `proj_mse` |") in readme
+    assert "mlp_and_distilled (as copy_mlp_distill, design proj_mse) 81.00%" in readme
     assert written
 
 
@@ -100,9 +105,47 @@ def test_a_role_no_strategy_fills_is_not_evaluable_and_named_by_content(tmp_path
         write_cell(tmp_path, cell, 0.5 if cell.init == "attn_plus_norm" else accuracy(cell))
     runs, _ = collect(config, tmp_path)
     verdicts = {v.claim: v for v in evaluate_claims(runs, config)}
-    assert verdicts["C1"].verdict == ("not evaluable: no init strategy in the grid has the content of "
-                                      "attn_only (copies attn; no distillation; `attn_only` is defined but not in inits)")
+    assert verdicts["C1"].verdict == ("not evaluable: no init strategy in the grid has the content of attn_only "
+                                      "(copies attn; no distillation; task loss only; `attn_only` is defined but "
+                                      "not in inits)")
     assert verdicts["C1"].roles["attn_only"] is None
     assert verdicts["C2"].verdict == "supported"
-    assert ("mlp_only (copies mlp; no distillation; `mlp_only` is defined but not in inits): no init strategy in "
-            "the grid has this content") in verdicts["C2"].cells[0].text
+    assert ("mlp_only (copies mlp; no distillation; task loss only; `mlp_only` is defined but not in inits): no init "
+            "strategy in the grid has this content") in verdicts["C2"].cells[0].text
+
+
+def test_a_fixed_design_strategy_fills_the_distilling_role_at_its_design(tmp_path):
+    # 'hedgehog_recipe' copies what copy_mlp_distill copies and names one design: it is the role, at map_ce.
+    config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "seeds": [0],
+              "inits": ["random", "copy_all", "hedgehog_recipe"],
+              "distill_designs": {**CONFIG["distill_designs"], "map_ce": {"losses": ["map_ce"]}},
+              "init_strategies": {**CONFIG["init_strategies"],
+                                  "hedgehog_recipe": {"copy": ["embed", "mlp", "norm", "head"], "distill": "map_ce"}}}
+    match = resolve_roles(config)["copy_mlp_distill"]
+    assert (match.strategy, match.design) == ("hedgehog_recipe", "map_ce")
+    assert match.label == "hedgehog_recipe (as copy_mlp_distill, design map_ce)"
+    assert match.outside_grid == ("copy_mlp_distill",)
+    for cell in all_cells(config):
+        assert cell.design == ("map_ce" if cell.init == "hedgehog_recipe" else "none")
+        write_cell(tmp_path, cell, 0.85 if cell.init == "hedgehog_recipe" else accuracy(cell))
+    runs, _ = collect(config, tmp_path)
+    c3 = evaluate_claims(runs, config)[2]
+    assert c3.cells[0].holds is True and c3.designs == {"copy_mlp_distill": "map_ce"}
+    assert c3.cells[0].numbers["difference"] == pytest.approx(0.85 - 0.79)  # reference seed 0: 0.80 - SPREAD
+    write_report(config, tmp_path, tmp_path / "report")
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert "| `hedgehog_recipe`, design `map_ce` |" in readme
+    assert "| `hedgehog_recipe` | `map_ce` * | paper's recipe |" in re.sub(r" +", " ", readme)  # table padding removed
+
+
+def test_a_random_student_with_logit_kd_is_not_the_random_role(tmp_path):
+    # deit_kd copies nothing and does not distill, but adds logit KD: with no plain strategy, no random role.
+    config = {**CONFIG, "inits": ["deit_kd", "copy_all", "copy_mlp", "attn_only"], "init_strategies": {
+        **CONFIG["init_strategies"],
+        "deit_kd": {"copy": [], "distill": False, "task_weight": 0.5,
+                    "train_losses": [{"loss": "logit_kd", "weight": 0.5}]}}}
+    match = resolve_roles(config)["random"]
+    assert match.strategy is None and match.trains_more == ("deit_kd",) and match.outside_grid == ("random",)
+    assert "no init strategy in the grid has the content of random (copies nothing; no distillation; task loss " \
+           "only; `random` is defined but not in inits)" in evaluate_claims(
+               collect(config, tmp_path)[0], config)[0].verdict

@@ -1,7 +1,8 @@
 """Read every expected cell's result files into two tidy tables: one row per run, one row per evaluation.
 
-The list of expected cells comes from `linvit.grid`, so a cell that failed or never ran still gets a
-row instead of silently vanishing from the report. Each row has a status:
+The list of expected cells comes from `linvit.grid` (one per dataset, size, variant, init, design,
+budget and seed), so a cell that failed or never ran still gets a row instead of silently vanishing
+from the report. Each row has a status:
 
     ok        metrics.json and eval.json read and match the contract
     missing   no metrics.json (reason: the log's last error line, or "not run (no log)"), or not evaluated
@@ -23,22 +24,25 @@ from pathlib import Path
 
 import pandas as pd
 
-from linvit.grid import Cell, all_cells, benchmark_path, distill_key, log_path
+from linvit.config import NO_DESIGN, REFERENCE_INIT, ConfigError, design_names, kd_reference
+from linvit.grid import REFERENCE_VARIANT, Cell, all_cells, benchmark_path, distill_cells, log_path
 from linvit.groups import GROUPS  # a group a run reports beyond these still gets a column
 from linvit.io import atomic_path
 
-ID_COLUMNS = ["dataset", "size", "variant", "init", "seed"]
+ID_COLUMNS = ["dataset", "size", "variant", "init", "design", "budget", "seed"]
 STATUSES = ("ok", "diverged", "invalid", "missing")
+FIDELITY_METRICS = ("kl", "js", "corr")  # per-block columns fidelity_<metric>_l<block> (eval.json lists)
 BENCHMARK_COLUMNS = ["train_wall_s", "train_max_rss_mb", "eval_wall_s", "eval_max_rss_mb"]
 RUN_COLUMNS = ID_COLUMNS + [
     "status", "reason", "test_acc", "test_samples", "steps", "train_time_s", "images_seen",
-    "distill_steps", "distill_time_s", "distill_loss", "distill_final_loss", "total_time_s",
-    "params", "params_attn_extra", "throughput_img_s", "throughput_device", "throughput_dtype",
-    "throughput_batch", "fidelity_kl_mean", *BENCHMARK_COLUMNS,
+    "distill_steps", "distill_time_s", "distill_loss", "distill_final_loss", "total_time_s", "train_losses",
+    "task_weight", "params", "params_attn_extra", "throughput_img_s", "throughput_device", "throughput_dtype",
+    "throughput_batch", "fidelity_kl_mean", "fidelity_js_mean", "fidelity_corr_mean", *BENCHMARK_COLUMNS,
 ]
 CURVE_COLUMNS = ID_COLUMNS + ["step", "epoch", "test_acc", "elapsed_s"]
-CONFIG_KEYS = ("targets", "sizes", "variants", "inits", "seeds")
-# Per-rule rows of the cost table, in this order (students get one row per init strategy).
+CONFIG_KEYS = ("targets", "sizes", "variants", "inits", "seeds", "init_strategies")
+# Per-rule rows of the cost table, in this order (distillations get one row per init strategy and
+# design, students one per init strategy).
 COST_RULES = ("teacher", "distill", "student", "reference", "evaluate")
 
 
@@ -65,9 +69,22 @@ def collect(config: dict, results: str | Path) -> tuple[pd.DataFrame, pd.DataFra
 
 
 def check_config(config: dict) -> None:
+    """What the grid is built from: its axes, every init's strategy, a budget and, for a distilling
+    strategy, a design (the report reads no config the workflow would have refused, but says so in
+    one line if it does)."""
     for key in CONFIG_KEYS:
         if key not in config:
             raise ResultsError(f"config: missing key '{key}'")
+    if not config.get("budgets") and not ((config.get("student") or {}).get("train") or {}).get("steps"):
+        raise ResultsError("config: missing key 'budgets' (or 'student.train.steps', the default budget)")
+    strategies = config["init_strategies"] or {}
+    for init in config["inits"]:
+        spec = strategies.get(init)
+        if not isinstance(spec, dict):
+            raise ResultsError(f"config: init strategy '{init}' of inits is not defined under init_strategies")
+        if spec.get("distill") is True and not design_names(config):
+            raise ResultsError(f"config: init strategy '{init}' distills, but no distillation design is given "
+                               f"(distills, distill_designs or distill.loss)")
 
 
 def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
@@ -116,18 +133,28 @@ def failure(cell: Cell, results: Path, config: dict) -> tuple[str, str]:
     if log.exists():
         status, line = _log_line(log)
         return status, line or f"failed (see {log})"
-    # The job never started: a failed distillation (for a distilling strategy) or teacher explains why.
+    # The job never started: a failed distillation (for a distilling strategy), softmax reference (the
+    # logit teacher of a KD student on other labels than the teacher's) or teacher explains why.
     upstream = []
-    strategy = (config.get("init_strategies") or {}).get(cell.init) or {}
-    if not cell.is_reference and strategy.get("distill"):
-        key = distill_key(cell.dataset, cell.size, cell.variant, cell.seed)
-        upstream.append(("distillation", Path(log_path("distill", key, results))))
+    if cell.distills:
+        upstream.append(("distillation", Path(log_path("distill", cell.distill_key, results))))
+    if not cell.is_reference and _kd_reference(config, cell):
+        reference = Cell(cell.dataset, cell.size, REFERENCE_VARIANT, REFERENCE_INIT, cell.seed, NO_DESIGN, cell.budget)
+        upstream.append(("softmax reference", reference.log_path(results)))
     upstream.append(("teacher", Path(log_path("teacher", cell.size, results))))
     for what, path in upstream:
         status, line = _log_line(path)
         if line:
             return status, f"{what} {'diverged' if status == 'diverged' else 'failed'} ({path}): {line}"
     return "missing", "not run (no log)"
+
+
+def _kd_reference(config: dict, cell: Cell) -> bool:
+    """Whether the cell's student waited for the softmax reference of its budget (linvit.config.kd_reference)."""
+    try:
+        return kd_reference(config, cell.init, cell.dataset, cell.size)
+    except (ConfigError, KeyError, TypeError):
+        return False
 
 
 def _log_line(log: Path) -> tuple[str, str]:
@@ -186,6 +213,11 @@ def _metrics_fields(m: dict, path: Path) -> dict:
     else:
         raise ResultsError(f"{path}: 'distill' must be null or an object, got {type(distill).__name__}")
     fields["total_time_s"] = train_time + fields["distill_time_s"]
+    # Stage-2 losses beside the task's (logit KD, attention distillation), as "name:weight" names.
+    fields["train_losses"] = _train_losses(m.get("train_losses"), path)
+    fields["task_weight"] = _number(m, "task_weight", path, required=False)
+    if math.isnan(fields["task_weight"]):
+        fields["task_weight"] = 1.0  # absent in metrics.json files older than the key: the task's loss alone
     copied = m.get("copied", {})
     if not isinstance(copied, dict):
         raise ResultsError(f"{path}: 'copied' must be an object of group -> parameter count")
@@ -194,17 +226,38 @@ def _metrics_fields(m: dict, path: Path) -> dict:
     return fields
 
 
+def _train_losses(terms, path: Path) -> str | None:
+    """metrics.json's train_losses (a list of {loss, weight, ...} or names) as 'logit_kd:0.5+map_ce:3'."""
+    if terms is None:
+        return None
+    if not isinstance(terms, list):
+        raise ResultsError(f"{path}: 'train_losses' must be a list of loss terms, got {type(terms).__name__}")
+    names = []
+    for i, term in enumerate(terms):
+        if isinstance(term, str):
+            term = {"loss": term}
+        if not isinstance(term, dict) or not isinstance(term.get("loss"), str):
+            raise ResultsError(f"{path}: 'train_losses[{i}]' must be a loss name or an object with a 'loss' name")
+        weight = _as_float(term.get("weight", 1.0), f"{path}: 'train_losses[{i}].weight'")
+        names.append(f"{term['loss']}:{weight:g}")
+    return "+".join(names) or None
+
+
 def _eval_fields(e: dict, path: Path) -> dict:
     fields = {key: _count(e, key, path) for key in ("params", "params_attn_extra")}
     fields.update({key: _number(e, key, path) for key in ("throughput_img_s", "fidelity_kl_mean")})
+    # The divergences beside KL (eval.json files older than them have none: NaN).
+    fields.update({key: _number(e, key, path, required=False) for key in ("fidelity_js_mean", "fidelity_corr_mean")})
     # What each throughput figure was measured on; absent in eval.json files older than these keys.
     fields.update(throughput_device=e.get("device"), throughput_dtype=e.get("dtype"),
                   throughput_batch=_number(e, "throughput_batch", path, required=False))
-    per_layer = e.get("fidelity_kl")
-    if not isinstance(per_layer, list):
-        raise ResultsError(f"{path}: missing key 'fidelity_kl' (a list with one float per layer)")
-    for layer, value in enumerate(per_layer):
-        fields[f"fidelity_kl_l{layer}"] = _as_float(value, f"{path}: 'fidelity_kl[{layer}]'")
+    for metric in FIDELITY_METRICS:
+        key = f"fidelity_{metric}"
+        per_layer = e.get(key)
+        if not isinstance(per_layer, list):
+            raise ResultsError(f"{path}: missing key '{key}' (a list with one float per block)")
+        for layer, value in enumerate(per_layer):
+            fields[f"{key}_l{layer}"] = _as_float(value, f"{path}: '{key}[{layer}]'")
     return fields
 
 
@@ -262,11 +315,44 @@ def _curve_rows(cell: Cell, results: Path) -> tuple[list[dict], str]:
 def _runs_frame(rows: list[dict]) -> pd.DataFrame:
     """Fix the column order: the contract's columns, then per-layer fidelity and copied counts in numeric/group order."""
     seen = dict.fromkeys(key for row in rows for key in row)
-    layers = sorted((k for k in seen if k.startswith("fidelity_kl_l")), key=lambda k: int(k.removeprefix("fidelity_kl_l")))
+    layers = [k for metric in FIDELITY_METRICS
+              for k in sorted((k for k in seen if k.startswith(f"fidelity_{metric}_l")),
+                              key=lambda k: int(k.removeprefix(f"fidelity_{metric}_l")))]
     copied = [f"copied_{g}" for g in GROUPS] + [k for k in seen if k.startswith("copied_") and k.removeprefix("copied_") not in GROUPS]
     frame = pd.DataFrame(rows).reindex(columns=RUN_COLUMNS + layers + copied)
     counts = ["test_samples", "steps", "images_seen", "distill_steps", "params", "params_attn_extra", *copied]
-    return frame.astype({"seed": int, **{col: "Int64" for col in counts}})
+    return frame.astype({"seed": int, "budget": int, **{col: "Int64" for col in counts}})
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention maps: the class-token rows evaluate records in eval.json (cls_attention)
+
+
+def attention_records(runs: pd.DataFrame, results: str | Path) -> list[dict]:
+    """The class-token attention rows of every finished run (eval.json's `cls_attention`, written by
+    linvit.evaluate.attention_report), as records for figures.attention_maps: the run's ID_COLUMNS,
+    "model" ("teacher" or "student") and class_token_rows' "row", "block", "prefix", "grid", "heads".
+
+    A run whose eval.json has no (or a malformed) `cls_attention` adds nothing: the figure then says
+    "no results" for it; the run itself stays ok (the maps are an illustration, not a result).
+    """
+    results = Path(results)
+    records = []
+    for row in runs[runs["status"] == "ok"].itertuples():
+        ids = {col: getattr(row, col) for col in ID_COLUMNS}
+        cell = Cell(**{**ids, "seed": int(ids["seed"]), "budget": int(ids["budget"])})
+        try:
+            maps = json.loads((cell.run_dir(results) / "eval.json").read_text(encoding="utf-8")).get("cls_attention")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            continue
+        if not isinstance(maps, dict):
+            continue
+        for model in ("teacher", "student"):
+            rec = maps.get(model)
+            if isinstance(rec, dict) and isinstance(rec.get("heads"), list):
+                records.append({**cell.as_dict(), "model": model,
+                                **{k: rec.get(k) for k in ("row", "block", "prefix", "grid", "heads")}})
+    return records
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,28 +360,26 @@ def _runs_frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def benchmark_jobs(config: dict, results: str | Path) -> pd.DataFrame:
-    """One row per job the grid runs: its rule ('student' rows carry the init), benchmark file, wall-clock
-    seconds (mean over repeats), peak max_rss MB and cpu seconds; `problem` names an unreadable file.
+    """One row per job the grid runs: its rule ('distill' and 'student' rows carry the init and design),
+    benchmark file, wall-clock seconds (mean over repeats), peak max_rss MB and cpu seconds; `problem`
+    names an unreadable file.
 
     A job without a benchmark file (run without Snakemake, or not run) has NaN numbers and no problem.
     """
     check_config(config)
     results = Path(results)
-    strategies = config.get("init_strategies") or {}
-    jobs = [("teacher", "", "teacher", size, Path(benchmark_path("teacher", size, results)))
+    jobs = [("teacher", "", "", "teacher", size, Path(benchmark_path("teacher", size, results)))
             for size in config["sizes"]]
-    # One distillation per (target, size, variant, seed), shared by every strategy that distills.
-    if any((strategies.get(init) or {}).get("distill") for init in config["inits"]):
-        jobs += [("distill", "", "distill", key, Path(benchmark_path("distill", key, results)))
-                 for key in (distill_key(d, s, v, seed) for d in config["targets"] for s in config["sizes"]
-                             for v in config["variants"] for seed in config["seeds"])]
+    # One distillation per (target, size, variant, init, design, seed), shared by every budget.
+    jobs += [("distill", cell.init, cell.design, "distill", cell.distill_key,
+              Path(benchmark_path("distill", cell.distill_key, results))) for cell in distill_cells(config)]
     cells = all_cells(config)
-    jobs += [(cell.rule, "" if cell.is_reference else cell.init, "students", cell.key,
-              cell.benchmark_path("students", results)) for cell in cells]
-    jobs += [("evaluate", "", "evaluate", cell.key, cell.benchmark_path("evaluate", results)) for cell in cells]
-    rows = [{"rule": rule, "init": init, "stage": stage, "key": key, "path": str(path), **read_benchmark(path)}
-            for rule, init, stage, key, path in jobs]
-    return pd.DataFrame(rows, columns=["rule", "init", "stage", "key", "path", "wall_s", "max_rss_mb",
+    jobs += [(cell.rule, "" if cell.is_reference else cell.init, "" if cell.is_reference else cell.design,
+              "students", cell.key, cell.benchmark_path("students", results)) for cell in cells]
+    jobs += [("evaluate", "", "", "evaluate", cell.key, cell.benchmark_path("evaluate", results)) for cell in cells]
+    rows = [{"rule": rule, "init": init, "design": design, "stage": stage, "key": key, "path": str(path),
+             **read_benchmark(path)} for rule, init, design, stage, key, path in jobs]
+    return pd.DataFrame(rows, columns=["rule", "init", "design", "stage", "key", "path", "wall_s", "max_rss_mb",
                                        "cpu_time_s", "problem"])
 
 
@@ -322,13 +406,19 @@ def read_benchmark(path: Path) -> dict:
 
 
 def rule_costs(jobs: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """Per rule (students per init strategy) and in total: jobs, how many have a benchmark, wall-clock
-    total and mean per job, peak memory, cpu seconds. Totals are sums over jobs, not elapsed time."""
+    """Per rule (distillations per init strategy and design, students per init strategy) and in total:
+    jobs, how many have a benchmark, wall-clock total and mean per job, peak memory, cpu seconds. Totals
+    are sums over jobs, not elapsed time."""
     groups = []
     for rule in COST_RULES:
-        if rule == "student":
+        if rule == "distill":
+            distills = jobs[jobs["rule"] == rule]
+            pairs = dict.fromkeys(zip(distills["init"], distills["design"]))
+            groups += [(f"distill: {init}/{design}",
+                        distills[(distills["init"] == init) & (distills["design"] == design)]) for init, design in pairs]
+        elif rule == "student":
             groups += [(f"student: {init}", jobs[(jobs["rule"] == rule) & (jobs["init"] == init)])
-                       for init in config["inits"]]
+                       for init in dict.fromkeys(config["inits"])]
         else:
             groups.append((rule, jobs[jobs["rule"] == rule]))
     groups.append(("total", jobs))

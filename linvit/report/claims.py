@@ -4,6 +4,10 @@ Every verdict is computed from the grid's own numbers and names them, whichever 
 a claim that does not reproduce is a result. Only runs with status "ok" count; a verdict that needs
 a strategy the grid lacks, or whose results are missing, says "not evaluable" and why.
 
+A claim cell is (dataset, size, variant, budget): students are compared with the random role and the
+softmax reference trained with the same budget (stage-2 steps), and each claim gets a verdict per
+budget as well as overall.
+
 The claims compare roles, and a role is defined by what a strategy copies from the teacher, not by
 its name (an init strategy is added or renamed in the config with no code changes):
 
@@ -13,6 +17,11 @@ its name (an init strategy is added or renamed in the config with no code change
     attn_only         copies attn, no distillation
     mlp_only          copies mlp, no distillation
     copy_mlp_distill  copies embed, mlp, norm, head, attention distilled
+
+and every role trains on the task loss alone: a strategy with `train_losses` (logit KD, attention
+transfer) or a `task_weight` other than 1 is a baseline of its own, never a role (a random student
+with logit KD is not "random"). A distilling role is compared at its strategy's primary design: the
+design it names (`distill: <design>`), else the first of `distills`.
 
 `resolve_roles` finds, among the grid's `inits`, the strategy whose `init_strategies` entry has each
 content (`attn_extra` in a copy list is ignored: it is never copied). Several strategies with the same
@@ -26,13 +35,15 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from linvit.config import NO_DESIGN, budgets, design_names, design_specs
 from linvit.grid import REFERENCE_INIT, REFERENCE_VARIANT
 from linvit.groups import GROUPS
 
 
 @dataclass(frozen=True)
 class Role:
-    """What the claims compare: a set of copied parameter groups and whether attention is distilled."""
+    """What the claims compare: a set of copied parameter groups and whether attention is distilled;
+    every role trains on the task loss alone (no `train_losses`, task_weight 1)."""
 
     name: str
     copy: frozenset
@@ -41,7 +52,7 @@ class Role:
     @property
     def content(self) -> str:
         groups = ", ".join(g for g in GROUPS if g in self.copy) or "nothing"
-        return f"copies {groups}; {'attention distilled' if self.distill else 'no distillation'}"
+        return f"copies {groups}; {'attention distilled' if self.distill else 'no distillation'}; task loss only"
 
 
 _COPYABLE = frozenset({"embed", "attn", "mlp", "norm", "head"})
@@ -64,41 +75,86 @@ REQUIRED_ROLES = {"C1": [RANDOM, COPY_ALL, COPY_MLP, ATTN_ONLY], "C2": [RANDOM, 
 
 @dataclass(frozen=True)
 class RoleMatch:
-    """Which strategy of the grid fills a role; `strategy` is None when none does."""
+    """Which strategy of the grid fills a role (None when none does), and at which design."""
 
     role: Role
     strategy: str | None
     duplicates: tuple[str, ...] = ()    # further strategies in inits with the same content, not used
     outside_grid: tuple[str, ...] = ()  # strategies with the content that are defined but not in inits
+    # The design the claims use: 'none' for a role that does not distill; for a distilling one the
+    # strategy's primary design (None when the config gives it none).
+    design: str | None = NO_DESIGN
+    trains_more: tuple[str, ...] = ()   # strategies in inits that copy and distill alike but add training losses
 
     @property
     def label(self) -> str:
-        """The user's strategy name, with the role when the two differ: 'baseline (as random)'."""
-        if self.strategy is None or self.strategy == self.role.name:
-            return self.role.name
-        return f"{self.strategy} (as {self.role.name})"
+        """The user's strategy name, with the role when the two differ: 'baseline (as random)'; a
+        distilling role adds its design: 'copy_mlp_distill (design map_ce)'."""
+        notes = [] if self.strategy is None or self.strategy == self.role.name else [f"as {self.role.name}"]
+        if self.strategy is not None and self.design not in (None, NO_DESIGN):
+            notes.append(f"design {self.design}")
+        name = self.role.name if self.strategy is None else self.strategy
+        return f"{name} ({', '.join(notes)})" if notes else name
+
+    @property
+    def key(self) -> tuple[str, str] | None:
+        """(init, design) of the runs that stand for the role, None when the grid has none."""
+        return None if self.strategy is None or self.design is None else (self.strategy, self.design)
 
     def absent(self) -> str:
-        """'attn_only (copies attn; no distillation; `attn_only` is defined but not in inits)'."""
+        """'attn_only (copies attn; no distillation; task loss only; `attn_only` is defined but not in inits)'."""
         hint = "".join(f"; `{n}` is defined but not in inits" for n in self.outside_grid)
         return f"{self.role.name} ({self.role.content}{hint})"
 
 
-def strategy_content(spec: dict) -> tuple[frozenset, bool]:
-    """(copied groups, distills) of an init_strategies entry; attn_extra is never copied, so it is dropped."""
+def strategy_content(spec: dict) -> tuple[frozenset, bool, bool]:
+    """(copied groups, distills, trains on the task loss alone) of an init_strategies entry; attn_extra
+    is never copied, so it is dropped. `distill` may be a design's name (a fixed design): it distills."""
     copy = frozenset(g for g in (spec.get("copy") or []) if g != "attn_extra")
-    return copy, bool(spec.get("distill", False))
+    plain = not spec.get("train_losses") and spec.get("task_weight", 1) in (None, 1)
+    return copy, bool(spec.get("distill", False)), plain
+
+
+def primary_design(config: dict, spec: dict) -> str | None:
+    """The design the claims use for a strategy: 'none' when it does not distill, the design it names,
+    else the first of `distills` (linvit.config.design_names); None when the config gives none."""
+    distill = spec.get("distill", False)
+    if isinstance(distill, str):
+        return distill
+    if not distill:
+        return NO_DESIGN
+    names = design_names(config)
+    return names[0] if names else None
+
+
+def strategy_designs(config: dict, spec: dict) -> list[str]:
+    """Every design a strategy runs with (linvit.config.designs, from its entry)."""
+    distill = spec.get("distill", False)
+    if isinstance(distill, str):
+        return [distill]
+    return design_names(config) if distill else [NO_DESIGN]
+
+
+def is_baseline(spec: dict) -> bool:
+    """A literature baseline: a strategy that adds training losses (or reweighs the task's), which
+    never fills a role, or that names one fixed distillation design."""
+    return not strategy_content(spec)[2] or isinstance(spec.get("distill"), str)
 
 
 def resolve_roles(config: dict) -> dict[str, RoleMatch]:
     """Each role -> the strategy among the config's `inits` with that content (the first in `inits` order)."""
     strategies = {name: spec for name, spec in (config.get("init_strategies") or {}).items() if isinstance(spec, dict)}
+    inits = list(dict.fromkeys(config["inits"]))
     matches = {}
     for role in ROLES.values():
-        same = [name for name, spec in strategies.items() if strategy_content(spec) == (role.copy, role.distill)]
-        in_grid = [init for init in dict.fromkeys(config["inits"]) if init in same]
-        matches[role.name] = RoleMatch(role, in_grid[0] if in_grid else None, tuple(in_grid[1:]),
-                                       tuple(n for n in same if n not in in_grid))
+        same = [name for name, spec in strategies.items() if strategy_content(spec) == (role.copy, role.distill, True)]
+        in_grid = [init for init in inits if init in same]
+        more = tuple(init for init in inits if init in strategies
+                     and strategy_content(strategies[init]) == (role.copy, role.distill, False))
+        chosen = in_grid[0] if in_grid else None
+        design = primary_design(config, strategies[chosen]) if chosen else NO_DESIGN
+        matches[role.name] = RoleMatch(role, chosen, tuple(in_grid[1:]), tuple(n for n in same if n not in in_grid),
+                                       design, more)
     return matches
 
 
@@ -109,8 +165,13 @@ STATEMENTS = {
     "C3": "Copied MLPs plus distilled attention close the gap to the softmax model, and can surpass it.",
     "C4": "C1-C3 hold across linear variants, model sizes and datasets.",
 }
-CELL = ["dataset", "size", "variant"]
-SUMMARY_METRICS = ["steps", "train_time_s", "distill_time_s", "total_time_s", "params", "throughput_img_s", "fidelity_kl_mean"]
+CELL = ["dataset", "size", "variant", "budget"]  # a claim cell: students and reference of one budget
+# One summary row per (cell, init, design): the statistics over seeds.
+SUMMARY_KEYS = ["dataset", "size", "variant", "init", "design", "budget"]
+SUMMARY_METRICS = ["steps", "distill_steps", "train_time_s", "distill_time_s", "total_time_s", "params",
+                   "throughput_img_s", "fidelity_kl_mean", "fidelity_js_mean", "fidelity_corr_mean"]
+SUMMARY_COLUMNS = SUMMARY_KEYS + ["n_seeds", "n_expected", "test_acc_mean", "test_acc_std", "gap_closed"] \
+    + [f"{m}_mean" for m in SUMMARY_METRICS]
 
 
 @dataclass(frozen=True)
@@ -135,12 +196,13 @@ class Thresholds:
 
 @dataclass
 class CellVerdict:
-    """One claim in one (dataset, size, variant) cell: holds is None when it cannot be evaluated there."""
+    """One claim in one (dataset, size, variant, budget) cell: holds is None when it cannot be evaluated there."""
 
     claim: str
     dataset: str
     size: str
     variant: str
+    budget: int
     holds: bool | None
     text: str
     numbers: dict[str, float] = field(default_factory=dict)
@@ -157,6 +219,9 @@ class ClaimVerdict:
     evaluable: int
     cells: list[CellVerdict]
     roles: dict[str, str | None] = field(default_factory=dict)  # role -> the strategy that filled it
+    designs: dict[str, str | None] = field(default_factory=dict)  # distilling role -> the design used
+    # Per budget: {"budget", "verdict", "holds_in", "evaluable", "cells"}, in the config's budget order.
+    by_budget: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -167,26 +232,31 @@ class ClaimVerdict:
 
 
 def summarize(runs: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """Mean/std over seeds per (dataset, size, variant, init), with gap closed against the random role and the reference.
+    """Mean/std over seeds per (dataset, size, variant, init, design, budget), with gap closed against
+    the random role and the softmax reference of the same budget.
 
     Students and the softmax reference (variant 'softmax', init 'reference') each get rows; gap closed
     is left empty for the reference and wherever its denominator is not positive.
     """
     ok = runs[runs["status"] == "ok"]
     rows = []
-    for (dataset, size, variant, init), expected in runs.groupby(CELL + ["init"], sort=False):
+    for key, expected in runs.groupby(SUMMARY_KEYS, sort=False):
         done = ok.loc[ok.index.intersection(expected.index)]
-        row = {"dataset": dataset, "size": size, "variant": variant, "init": init,
-               "n_seeds": len(done), "n_expected": len(expected),
+        row = {**dict(zip(SUMMARY_KEYS, key)), "n_seeds": len(done), "n_expected": len(expected),
                "test_acc_mean": done["test_acc"].mean(), "test_acc_std": _std(done["test_acc"])}
-        row.update({f"{m}_mean": done[m].mean() for m in SUMMARY_METRICS})
+        row.update({f"{m}_mean": _mean_of(done, m) for m in SUMMARY_METRICS})
         rows.append(row)
-    summary = pd.DataFrame(rows, columns=["dataset", "size", "variant", "init", "n_seeds", "n_expected",
-                                          "test_acc_mean", "test_acc_std", "gap_closed"]
-                           + [f"{m}_mean" for m in SUMMARY_METRICS])
+    summary = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
     random = resolve_roles(config)[RANDOM].strategy
-    summary["gap_closed"] = [_gap_closed(summary, r, random) for r in summary.itertuples()]
+    means = _means(summary)
+    summary["gap_closed"] = [_gap_closed(means, r, random) for r in summary.itertuples()]
     return _ordered(summary, config)
+
+
+def _mean_of(frame: pd.DataFrame, column: str) -> float:
+    if column not in frame:
+        return math.nan
+    return float(pd.to_numeric(frame[column], errors="coerce").astype("float64").mean())
 
 
 def _std(values: pd.Series) -> float:
@@ -194,29 +264,37 @@ def _std(values: pd.Series) -> float:
     return float(values.std(ddof=1)) if len(values) > 1 else math.nan
 
 
-def _gap_closed(summary: pd.DataFrame, r, random_init: str | None) -> float:
+def _means(summary: pd.DataFrame) -> dict[tuple, float]:
+    """(dataset, size, variant, init, design, budget) -> mean accuracy over finished seeds."""
+    return {tuple(getattr(r, k) for k in SUMMARY_KEYS): r.test_acc_mean for r in summary.itertuples()}
+
+
+def _gap_closed(means: dict, r, random_init: str | None) -> float:
     if r.variant == REFERENCE_VARIANT or random_init is None:
         return math.nan
-    random = _mean(summary, r.dataset, r.size, r.variant, random_init)
-    reference = _mean(summary, r.dataset, r.size, REFERENCE_VARIANT, REFERENCE_INIT)
+    random = means.get((r.dataset, r.size, r.variant, random_init, NO_DESIGN, r.budget), math.nan)
+    reference = means.get((r.dataset, r.size, REFERENCE_VARIANT, REFERENCE_INIT, NO_DESIGN, r.budget), math.nan)
     denominator = reference - random
     if math.isnan(denominator) or denominator <= 0:
         return math.nan
     return (r.test_acc_mean - random) / denominator
 
 
-def _mean(summary: pd.DataFrame, dataset, size, variant, init) -> float:
-    match = summary[(summary["dataset"] == dataset) & (summary["size"] == size)
-                    & (summary["variant"] == variant) & (summary["init"] == init)]
-    return float(match["test_acc_mean"].iloc[0]) if len(match) else math.nan
+def design_order(config: dict) -> list[str]:
+    """Designs in the config's order: 'none', the `distills` axis, the inits' fixed designs, the rest."""
+    strategies = config.get("init_strategies") or {}
+    fixed = [strategies[init]["distill"] for init in config["inits"]
+             if isinstance(strategies.get(init), dict) and isinstance(strategies[init].get("distill"), str)]
+    return list(dict.fromkeys([NO_DESIGN, *design_names(config), *fixed, *design_specs(config)]))
 
 
 def _ordered(frame: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """Sort rows in the config's order (reference first in each cell), not alphabetically."""
-    orders = {"dataset": config["targets"], "size": config["sizes"],
-              "variant": [REFERENCE_VARIANT, *config["variants"]], "init": [REFERENCE_INIT, *config["inits"]]}
+    """Sort rows in the config's order (per budget, the reference first in each cell), not alphabetically."""
+    orders = {"dataset": config["targets"], "size": config["sizes"], "budget": budgets(config),
+              "variant": [REFERENCE_VARIANT, *config["variants"]], "init": [REFERENCE_INIT, *config["inits"]],
+              "design": design_order(config)}
     keys = {col: frame[col].map({v: i for i, v in enumerate(order)}) for col, order in orders.items()}
-    index = pd.DataFrame(keys).sort_values(list(orders)).index
+    index = pd.DataFrame(keys, index=frame.index).sort_values(list(orders), kind="stable").index
     return frame.loc[index].reset_index(drop=True)
 
 
@@ -224,12 +302,18 @@ def _ordered(frame: pd.DataFrame, config: dict) -> pd.DataFrame:
 # Verdicts
 
 
+def claim_cells(config: dict) -> list[tuple[str, str, str, int]]:
+    """Every (dataset, size, variant, budget) claim cell, budget by budget."""
+    return [(d, s, v, int(b)) for b in budgets(config) for d in config["targets"] for s in config["sizes"]
+            for v in config["variants"]]
+
+
 def evaluate_claims(runs: pd.DataFrame, config: dict) -> list[ClaimVerdict]:
-    """Verdicts for C1-C4 with the numbers behind them, per cell and overall."""
+    """Verdicts for C1-C4 with the numbers behind them, per cell, per budget and overall."""
     thresholds = Thresholds.from_config(config)
     summary = summarize(runs, config)
     roles = resolve_roles(config)
-    cells = [(d, s, v) for d in config["targets"] for s in config["sizes"] for v in config["variants"]]
+    cells = claim_cells(config)
     checks = {"C1": _c1, "C2": _c2, "C3": _c3}
     verdicts = []
     for claim, check in checks.items():
@@ -237,23 +321,50 @@ def evaluate_claims(runs: pd.DataFrame, config: dict) -> list[ClaimVerdict]:
         absent = [roles[r].absent() for r in REQUIRED_ROLES[claim] if roles[r].strategy is None]
         verdict = _overall(claim, per_cell, absent)
         verdict.roles = {r: roles[r].strategy for r in CLAIM_ROLES[claim]}
+        verdict.designs = {r: roles[r].design for r in CLAIM_ROLES[claim] if ROLES[r].distill}
+        _per_budget(verdict, absent, config)
         verdicts.append(verdict)
     verdicts.append(_c4(verdicts, config))
     return verdicts
 
 
-class _Cell:
-    """Means/stds of one (dataset, size, variant) cell, looked up by role; the reference by REFERENCE_INIT."""
+def _per_budget(verdict: ClaimVerdict, absent: list[str], config: dict, fixed: str | None = None) -> None:
+    """The claim's verdict at each budget; with several budgets, the overall verdict names them.
+    `fixed`: a verdict that holds at every budget (C4 on a grid that spans nothing)."""
+    verdict.by_budget = []
+    for budget in budgets(config):
+        sub = _overall(verdict.claim, [c for c in verdict.cells if c.budget == budget], absent)
+        verdict.by_budget.append({"budget": budget, "verdict": fixed or sub.verdict, "holds_in": sub.holds_in,
+                                  "evaluable": sub.evaluable, "cells": len(sub.cells)})
+    if len(verdict.by_budget) < 2 or verdict.verdict.startswith("not evaluable"):
+        return
+    shorts = [_short(b["verdict"]) for b in verdict.by_budget]
+    steps = ", ".join(str(b["budget"]) for b in verdict.by_budget)
+    if verdict.verdict == "supported" and set(shorts) == {"supported"}:
+        verdict.verdict += f" at every budget ({steps} steps)"
+    elif verdict.verdict == "not supported" and set(shorts) == {"not supported"}:
+        verdict.verdict += f" at any budget ({steps} steps)"
+    else:
+        verdict.verdict += "; " + ", ".join(f"at {b['budget']} steps {v}" for b, v in zip(verdict.by_budget, shorts))
 
-    def __init__(self, summary: pd.DataFrame, cell: tuple[str, str, str], roles: dict[str, RoleMatch]):
-        self.dataset, self.size, self.variant = cell
+
+def _short(verdict: str) -> str:
+    return "not evaluable" if verdict.startswith("not evaluable") else verdict
+
+
+class _Cell:
+    """Means/stds of one (dataset, size, variant, budget) cell, looked up by role; the reference by REFERENCE_INIT."""
+
+    def __init__(self, summary: pd.DataFrame, cell: tuple[str, str, str, int], roles: dict[str, RoleMatch]):
+        self.dataset, self.size, self.variant, self.budget = cell
         self.roles = roles
-        in_cell = summary[(summary["dataset"] == self.dataset) & (summary["size"] == self.size)]
-        self.rows = {r.init: r for r in in_cell.itertuples()
+        in_cell = summary[(summary["dataset"] == self.dataset) & (summary["size"] == self.size)
+                          & (summary["budget"] == self.budget)]
+        self.rows = {(r.init, r.design): r for r in in_cell.itertuples()
                      if r.variant == self.variant or r.variant == REFERENCE_VARIANT}
 
-    def _init(self, role: str) -> str | None:
-        return REFERENCE_INIT if role == REFERENCE_INIT else self.roles[role].strategy
+    def _key(self, role: str) -> tuple[str, str] | None:
+        return (REFERENCE_INIT, NO_DESIGN) if role == REFERENCE_INIT else self.roles[role].key
 
     def label(self, role: str) -> str:
         return "softmax reference" if role == REFERENCE_INIT else self.roles[role].label
@@ -262,27 +373,29 @@ class _Cell:
         """The roles among `roles` with no finished seed -> a description: no strategy fills it, or seeds unfinished."""
         out = {}
         for role in roles:
-            init = self._init(role)
-            if init is None:
+            key = self._key(role)
+            if role != REFERENCE_INIT and self.roles[role].strategy is None:
                 out[role] = f"{self.roles[role].absent()}: no init strategy in the grid has this content"
-            elif init not in self.rows:
+            elif key is None:
+                out[role] = f"{self.label(role)} (no distillation design: set `distills` or distill_designs)"
+            elif key not in self.rows:
                 out[role] = f"{self.label(role)} (not in the grid)"
-            elif self.rows[init].n_seeds == 0:
-                out[role] = f"{self.label(role)} (0 of {self.rows[init].n_expected} seeds finished)"
+            elif self.rows[key].n_seeds == 0:
+                out[role] = f"{self.label(role)} (0 of {self.rows[key].n_expected} seeds finished)"
         return out
 
     def acc(self, role: str) -> float:
-        return self.rows[self._init(role)].test_acc_mean
+        return self.rows[self._key(role)].test_acc_mean
 
     def describe(self, role: str) -> str:
         """'copy_all 71.20% ± 0.30 pp': the mean and its std over seeds, and how many seeds when not all finished."""
-        r = self.rows[self._init(role)]
+        r = self.rows[self._key(role)]
         spread = " (std n/a (1 seed))" if r.n_seeds == 1 else f" ± {100 * r.test_acc_std:.2f} pp"
         partial = f" ({r.n_seeds} of {r.n_expected} seeds finished)" if r.n_seeds < r.n_expected else ""
         return f"{self.label(role)} {pct(r.test_acc_mean)}{spread}{partial}"
 
     def verdict(self, claim: str, holds: bool | None, text: str, **numbers: float) -> CellVerdict:
-        return CellVerdict(claim, self.dataset, self.size, self.variant, holds, text, numbers)
+        return CellVerdict(claim, self.dataset, self.size, self.variant, self.budget, holds, text, numbers)
 
     def not_evaluable(self, claim: str, why: str, explanation: str) -> CellVerdict:
         verdict = self.verdict(claim, None, f"not evaluable: {explanation}")
@@ -399,7 +512,7 @@ def _c4(verdicts: list[ClaimVerdict], config: dict) -> ClaimVerdict:
     """C1-C3 together, per cell; and which axes the grid spans at all."""
     cells = []
     for parts in zip(*(v.cells for v in verdicts)):
-        where = (parts[0].dataset, parts[0].size, parts[0].variant)
+        where = (parts[0].dataset, parts[0].size, parts[0].variant, parts[0].budget)
         unknown = ", ".join(p.claim for p in parts if p.holds is None)
         failing = ", ".join(p.claim for p in parts if p.holds is False)
         if unknown:
@@ -412,13 +525,18 @@ def _c4(verdicts: list[ClaimVerdict], config: dict) -> ClaimVerdict:
     spanned = [f"{len(v)} {k}" for k, v in axes.items() if len(v) > 1]
     single = [f"{k} (the grid has 1: {v[0]})" for k, v in axes.items() if len(v) == 1]
     result = _overall("C4", cells, [])
+    fixed = None
     if not spanned:
-        result.verdict = "not evaluable: the grid spans a single dataset, size and variant"
+        fixed = result.verdict = "not evaluable: the grid spans a single dataset, size and variant"
     counts = "; ".join(f"{v.claim} holds in {v.holds_in} of {v.evaluable} evaluable cells" for v in verdicts)
     scope = f"Tested across {', '.join(spanned) or 'nothing'}"
     if single:
         scope += f"; untested across {', '.join(single)}"
+    grid_budgets = budgets(config)
+    if len(grid_budgets) > 1:
+        scope += f"; at {len(grid_budgets)} budgets ({', '.join(map(str, grid_budgets))} steps), each judged on its own"
     result.detail = f"{scope}. {counts}. {result.detail}"
+    _per_budget(result, [], config, fixed)
     return result
 
 
@@ -426,40 +544,49 @@ COST_ROLES = [RANDOM, COPY_MLP_DISTILL, REFERENCE_INIT]
 
 
 def cost_table(runs: pd.DataFrame, curves: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """Student compute per cell for the random and copy_mlp_distill roles and the softmax reference
-    (means over finished seeds); `init` names the strategy that fills the role.
+    """Student compute per cell and budget for the random and copy_mlp_distill roles (the latter at its
+    primary design) and the softmax reference (means over finished seeds); `init` names the strategy
+    that fills the role (with its design).
 
     steps_to_random_acc: the first evaluated step at which a run reaches the final accuracy of the
-    random-role run with the same seed, averaged over the seeds that reach it (seeds_reaching says how many).
-    Teacher pretraining is not counted: it is shared by every student.
+    random-role run with the same seed and budget, averaged over the seeds that reach it (seeds_reaching
+    says how many). Teacher pretraining is not counted: it is shared by every student.
     """
     ok = runs[runs["status"] == "ok"]
     roles = resolve_roles(config)
-    random_init = roles[RANDOM].strategy
     rows = []
-    for dataset in config["targets"]:
-        for size in config["sizes"]:
-            for variant in config["variants"]:
-                random_final = ok[(ok["dataset"] == dataset) & (ok["size"] == size) & (ok["variant"] == variant)
-                                  & (ok["init"] == random_init)].set_index("seed")["test_acc"]
-                for role in COST_ROLES:
-                    reference = role == REFERENCE_INIT
-                    init = REFERENCE_INIT if reference else roles[role].strategy
-                    if init is None:
-                        continue  # no strategy of the grid fills the role
-                    done = ok[(ok["dataset"] == dataset) & (ok["size"] == size)
-                              & (ok["variant"] == (REFERENCE_VARIANT if reference else variant)) & (ok["init"] == init)]
-                    reach = [] if role == RANDOM else _steps_to_reach(curves, done, random_final)
-                    rows.append({"dataset": dataset, "size": size, "variant": variant,
-                                 "init": "softmax reference" if reference else roles[role].label,
-                                 "n_seeds": len(done), "test_acc_mean": done["test_acc"].mean(),
-                                 "steps_mean": done["steps"].mean(), "distill_steps_mean": done["distill_steps"].mean(),
-                                 "train_time_s_mean": done["train_time_s"].mean(),
-                                 "distill_time_s_mean": done["distill_time_s"].mean(),
-                                 "total_time_s_mean": done["total_time_s"].mean(),
-                                 "steps_to_random_acc": pd.Series(reach, dtype=float).mean(),
-                                 "seeds_reaching": len(reach) if role != RANDOM else math.nan})
+    for dataset, size, variant, budget in _cost_cells(config):
+        in_cell = ok[(ok["dataset"] == dataset) & (ok["size"] == size) & (ok["budget"] == budget)]
+        random_key = roles[RANDOM].key
+        random_final = (_select(in_cell, variant, *random_key).set_index("seed")["test_acc"]
+                        if random_key else pd.Series(dtype=float))
+        for role in COST_ROLES:
+            reference = role == REFERENCE_INIT
+            key = (REFERENCE_INIT, NO_DESIGN) if reference else roles[role].key
+            if key is None:
+                continue  # no strategy of the grid fills the role
+            done = _select(in_cell, REFERENCE_VARIANT if reference else variant, *key)
+            reach = [] if role == RANDOM else _steps_to_reach(curves, done, random_final)
+            rows.append({"dataset": dataset, "size": size, "variant": variant, "budget": budget,
+                         "init": "softmax reference" if reference else roles[role].label, "design": key[1],
+                         "n_seeds": len(done), "test_acc_mean": done["test_acc"].mean(),
+                         "steps_mean": _mean_of(done, "steps"), "distill_steps_mean": _mean_of(done, "distill_steps"),
+                         "train_time_s_mean": done["train_time_s"].mean(),
+                         "distill_time_s_mean": done["distill_time_s"].mean(),
+                         "total_time_s_mean": done["total_time_s"].mean(),
+                         "steps_to_random_acc": pd.Series(reach, dtype=float).mean(),
+                         "seeds_reaching": len(reach) if role != RANDOM else math.nan})
     return pd.DataFrame(rows)
+
+
+def _cost_cells(config: dict) -> list[tuple[str, str, str, int]]:
+    """The claim cells, cell by cell (each cell's budgets side by side)."""
+    return [(d, s, v, int(b)) for d in config["targets"] for s in config["sizes"] for v in config["variants"]
+            for b in budgets(config)]
+
+
+def _select(frame: pd.DataFrame, variant: str, init: str, design: str) -> pd.DataFrame:
+    return frame[(frame["variant"] == variant) & (frame["init"] == init) & (frame["design"] == design)]
 
 
 def _steps_to_reach(curves: pd.DataFrame, done: pd.DataFrame, random_final: pd.Series) -> list[float]:
@@ -468,11 +595,111 @@ def _steps_to_reach(curves: pd.DataFrame, done: pd.DataFrame, random_final: pd.S
         if run.seed not in random_final.index:
             continue
         curve = curves[(curves["dataset"] == run.dataset) & (curves["size"] == run.size)
-                       & (curves["variant"] == run.variant) & (curves["init"] == run.init) & (curves["seed"] == run.seed)]
+                       & (curves["variant"] == run.variant) & (curves["init"] == run.init)
+                       & (curves["design"] == run.design) & (curves["budget"] == run.budget)
+                       & (curves["seed"] == run.seed)]
         reached = curve[curve["test_acc"] >= random_final[run.seed]].sort_values("step")
         if len(reached):
             steps.append(float(reached["step"].iloc[0]))
     return steps
+
+
+# ---------------------------------------------------------------------------------------------
+# Distillation designs and the literature's baselines
+
+
+RECIPE, DISTILLING, BASELINE, REFERENCE_KIND = "paper's recipe", "distilling", "baseline", "softmax reference"
+DESIGN_COLUMNS = ["dataset", "size", "variant", "budget", "init", "design", "kind", "claims_design", "training",
+                  "n_seeds", "n_expected", "test_acc_mean", "test_acc_std", "gap_closed", "distill_steps_mean",
+                  "distill_time_s_mean", "train_time_s_mean", "total_time_s_mean"]
+
+
+def design_entries(config: dict) -> list[tuple[str, str, str]]:
+    """(init, design, kind) of every distilling (init, design) and literature baseline of the grid, in
+    this order (each in the config's order): the paper's recipe (the strategy filling copy_mlp_distill)
+    under each of its designs, further `distill: true` strategies under each design, and the baselines (strategies with
+    training losses or one fixed design)."""
+    strategies = config.get("init_strategies") or {}
+    recipe = resolve_roles(config)[COPY_MLP_DISTILL].strategy
+    entries = []
+    for init in dict.fromkeys(config["inits"]):
+        spec = strategies.get(init)
+        if not isinstance(spec, dict):
+            continue
+        if init == recipe:
+            kind = RECIPE
+        elif is_baseline(spec):
+            kind = BASELINE
+        elif spec.get("distill"):
+            kind = DISTILLING
+        else:
+            continue
+        entries += [(init, design, kind) for design in strategy_designs(config, spec)]
+    kinds = [RECIPE, DISTILLING, BASELINE]
+    return sorted(entries, key=lambda e: kinds.index(e[2]))  # stable: the config's order within a kind
+
+
+def designs_table(summary: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """Per cell and budget: every design_entries row with its accuracy (mean, std over seeds), gap
+    closed, distillation steps and time, and total time (distillation + training), then the softmax
+    reference for scale. Empty when the grid has no distilling strategy and no baseline.
+
+    Every design gets the same distillation budget (distill.train.steps), so designs compare at equal
+    distillation compute; `claims_design` marks the design the claims use for the recipe."""
+    entries = design_entries(config)
+    if not entries:
+        return pd.DataFrame(columns=DESIGN_COLUMNS)
+    strategies = config.get("init_strategies") or {}
+    recipe = resolve_roles(config)[COPY_MLP_DISTILL]
+    entries.append((REFERENCE_INIT, NO_DESIGN, REFERENCE_KIND))
+    index = {tuple(getattr(r, k) for k in SUMMARY_KEYS): r for r in summary.itertuples()}
+    rows = []
+    for dataset, size, variant, budget in _cost_cells(config):
+        for init, design, kind in entries:
+            reference = init == REFERENCE_INIT
+            r = index.get((dataset, size, REFERENCE_VARIANT if reference else variant, init, design, budget))
+            row = {"dataset": dataset, "size": size, "variant": variant, "budget": budget, "init": init,
+                   "design": design, "kind": kind, "claims_design": kind == RECIPE and design == recipe.design,
+                   "training": "task" if reference else training_text(strategies[init])}
+            if r is None:
+                row.update(n_seeds=0, n_expected=0)
+            else:
+                row.update({k: getattr(r, k) for k in ("n_seeds", "n_expected", "test_acc_mean", "test_acc_std",
+                                                        "gap_closed", "distill_steps_mean", "distill_time_s_mean",
+                                                        "train_time_s_mean", "total_time_s_mean")})
+            rows.append(row)
+    return pd.DataFrame(rows, columns=DESIGN_COLUMNS)
+
+
+def training_text(spec: dict) -> str:
+    """A strategy's stage-2 loss: 'task' alone, or 'task x0.5 + logit_kd x0.5' (a weight of 1 unwritten,
+    the task's cross-entropy left out when its weight is 0)."""
+    task_weight = spec.get("task_weight", 1)
+    task_weight = 1 if task_weight is None else task_weight
+    parts = [] if task_weight == 0 else ["task" if task_weight == 1 else f"task x{task_weight:g}"]
+    for term in spec.get("train_losses") or []:
+        name, weight = (term, 1) if isinstance(term, str) else (term.get("loss"), term.get("weight", 1))
+        parts.append(name if weight == 1 else f"{name} x{weight:g}" if isinstance(weight, (int, float))
+                     else f"{name} x{weight}")
+    return " + ".join(parts) or "nothing"
+
+
+def unequal_distillation(table: pd.DataFrame) -> list[str]:
+    """The cells whose distilling rows did not get the same mean distillation steps (so the designs
+    there do not compare at equal distillation compute), each as 'cell: init/design N steps, ...'."""
+    notes = []
+    if table.empty:
+        return notes
+    distilled = table[table["design"] != NO_DESIGN].dropna(subset=["distill_steps_mean"])
+    for (dataset, size, variant, budget), g in distilled.groupby(CELL, sort=False):
+        if g["distill_steps_mean"].nunique() > 1:
+            steps = ", ".join(f"{r.init}/{r.design} {r.distill_steps_mean:.0f}" for r in g.itertuples())
+            notes.append(f"{dataset}/{size}/{variant} at {budget} steps: {steps}")
+    return notes
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
 
 
 def claims_markdown(verdicts: list[ClaimVerdict]) -> str:
@@ -483,6 +710,25 @@ def claims_markdown(verdicts: list[ClaimVerdict]) -> str:
         parts.extend(f"- `{_key(c)}`: {c.text}" for c in v.cells)
         parts.append("")
     return "\n".join(parts)
+
+
+def budget_markdown(verdicts: list[ClaimVerdict]) -> str:
+    """Claim x budget: in how many of the evaluable cells each claim holds at each budget."""
+    budgets_ = [b["budget"] for b in verdicts[0].by_budget] if verdicts else []
+    rows = ["| claim | " + " | ".join(f"{b} steps" for b in budgets_) + " |",
+            "|---|" + "---|" * len(budgets_)]
+    for v in verdicts:
+        rows.append(f"| {v.claim} | " + " | ".join(_budget_cell(b) for b in v.by_budget) + " |")
+    return "\n".join(rows)
+
+
+def _budget_cell(b: dict) -> str:
+    if b["verdict"].startswith("not evaluable") or not b["evaluable"]:
+        return "not evaluable"
+    word = b["verdict"].split(" (")[0]
+    skipped = b["cells"] - b["evaluable"]
+    return (f"{word}: holds in {b['holds_in']} of {b['evaluable']} cells"
+            + (f" ({skipped} not evaluable)" if skipped else ""))
 
 
 def roles_markdown(config: dict) -> str:
@@ -496,7 +742,19 @@ def roles_markdown(config: dict) -> str:
                          f"the first in `inits` is used")
         if match.outside_grid:
             notes.append(", ".join(f"`{n}`" for n in match.outside_grid) + " defined but not in `inits`")
-        used = f"`{match.strategy}`" if match.strategy else "none in the grid: not evaluable"
+        if match.trains_more:
+            names = ", ".join(f"`{n}`" for n in match.trains_more)
+            notes.append(f"{names} {'copies' if len(match.trains_more) == 1 else 'copy'} the same but "
+                         f"{'trains' if len(match.trains_more) == 1 else 'train'} with added losses: a baseline, "
+                         f"not this role")
+        if match.strategy is None:
+            used = "none in the grid: not evaluable"
+        elif match.design is None:
+            used = f"`{match.strategy}`, no distillation design given: not evaluable"
+        elif match.design != NO_DESIGN:
+            used = f"`{match.strategy}`, design `{match.design}`"
+        else:
+            used = f"`{match.strategy}`"
         rows.append(f"| {match.role.name} | {match.role.content} | {used} | {'; '.join(notes)} |")
     return "\n".join(rows)
 
@@ -506,7 +764,7 @@ def _cells_phrase(keys: list[str], total: int) -> str:
 
 
 def _key(c: CellVerdict) -> str:
-    return f"{c.dataset}/{c.size}/{c.variant}"
+    return f"{c.dataset}/{c.size}/{c.variant}/steps{c.budget}"
 
 
 def pct(x: float) -> str:

@@ -12,12 +12,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from linvit.config import NO_DESIGN, REFERENCE_INIT, budgets, design_names, design_specs
 from linvit.grid import REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_path, report_files
 from linvit.io import write_text
-from linvit.report.aggregate import STATUSES, ResultsError, benchmark_jobs, collect, rule_costs, write_csv
-from linvit.report.claims import (ClaimVerdict, Thresholds, claims_markdown, cost_table, evaluate_claims, pct,
-                                  resolve_roles, roles_markdown, summarize)
-from linvit.report.figures import write_figures
+from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, benchmark_jobs, collect, rule_costs,
+                                     write_csv)
+from linvit.report.claims import (COPY_MLP_DISTILL, ClaimVerdict, Thresholds, budget_markdown,
+                                  claims_markdown, cost_table, designs_table, evaluate_claims, pct, resolve_roles,
+                                  roles_markdown, summarize, training_text, unequal_distillation)
+from linvit.report.figures import accuracy_by_budget, attention_maps, fidelity_by_block, write_figures
 
 # The names come from linvit.grid (the workflow's list of the report's outputs), each spelled once there.
 README_MD, SUMMARY_CSV, SUMMARY_MD, CLAIMS_JSON = REPORT_FILES
@@ -41,12 +44,15 @@ def write_report(config: dict, results: str | Path, report_dir: str | Path) -> l
     _write(report_dir / SUMMARY_MD, "# Summary over seeds\n\n" + _markdown(display_summary(summary)) + "\n", written)
     claims_json = json.dumps([v.as_dict() for v in verdicts], indent=2, default=_json_default)
     _write(report_dir / CLAIMS_JSON, claims_json + "\n", written)
-    figures = write_figures(runs, curves, config, report_dir / "figures")
+    figure_dir = report_dir / "figures"
+    figures = (write_figures(runs, curves, config, figure_dir) + accuracy_by_budget(runs, config, figure_dir)
+               + fidelity_by_block(runs, config, figure_dir)
+               + attention_maps(attention_records(runs, results), figure_dir))
     written.extend(figures)
     scaling, scaling_figures = _scaling_section(bench_path, report_dir) if bench_path.exists() else ("", [])
     written.extend(scaling_figures)
     readme = render_readme(config, runs, summary, verdicts, costs, [f.relative_to(report_dir) for f in figures],
-                           scaling, jobs)
+                           scaling, jobs, designs_table(summary, config))
     _write(report_dir / README_MD, readme, written)
     # The list in linvit.grid is the contract the workflow declares; writing anything else is a bug here.
     if sorted(written) != sorted(expected):
@@ -61,20 +67,28 @@ def _write(path: Path, text: str, written: list[Path]) -> None:
 
 
 def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdicts: list[ClaimVerdict],
-                  costs: pd.DataFrame, figures: list[Path], scaling: str = "", jobs: pd.DataFrame | None = None) -> str:
+                  costs: pd.DataFrame, figures: list[Path], scaling: str = "", jobs: pd.DataFrame | None = None,
+                  designs: pd.DataFrame | None = None) -> str:
+    designs = designs_table(summary, config) if designs is None else designs
     random = resolve_roles(config)["random"].strategy
     gap = (f"Gap closed = (acc_init - acc_{random}) / (acc_softmax_reference - acc_{random}), against `{random}`, "
-           "the strategy that copies nothing (see Claims)." if random else
-           "Gap closed is not available: no strategy of the grid copies nothing (the random role, see Claims).")
+           "the strategy that copies nothing and trains on the task loss alone, and the softmax reference, both "
+           "trained with the same budget (see Claims)." if random else
+           "Gap closed is not available: no strategy of the grid copies nothing and trains on the task loss alone "
+           "(the random role, see Claims).")
+    summary_table, constant = _drop_constant(
+        display_summary(summary)[["dataset", "size", "variant", "budget", "init", "design", "seeds", "test acc",
+                                  "gap closed"]], ["budget", "design"])
     sections = [
         "# linvit report\n\nRegenerated from `results/` by `linvit.report`; every number below comes from the "
         "runs' own result files. Accuracies are top-1 on each target's test split; std is over seeds.",
         "## Grid covered\n\n" + _grid_section(config, runs),
-        "## Summary\n\n" + gap + " Full table: [summary.csv](summary.csv), [summary.md](summary.md).\n\n"
-        + _markdown(display_summary(summary)[["dataset", "size", "variant", "init", "seeds", "test acc", "gap closed"]]),
+        "## Summary\n\n" + gap + constant + " Full table: [summary.csv](summary.csv), [summary.md](summary.md).\n\n"
+        + _markdown(summary_table),
         "## Figures\n\n" + _figures_section(figures),
         "## Claims\n\n" + _roles_section(config) + "\n\n" + _thresholds_line(config) + "\n\n"
-        + claims_markdown(verdicts),
+        + _budgets_section(verdicts) + claims_markdown(verdicts),
+        "## Distillation designs and baselines\n\n" + _designs_section(designs, config),
         "## Cost\n\n" + _cost_section(costs, jobs, config),
         "## Missing cells and failed runs\n\n" + _missing_section(runs),
     ]
@@ -85,28 +99,55 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
 
 def display_summary(summary: pd.DataFrame) -> pd.DataFrame:
     """The summary with readable strings: accuracy in %, std in percentage points, 'n/a' for undefined."""
-    out = summary[["dataset", "size", "variant", "init"]].copy()
+    out = summary[["dataset", "size", "variant", "init", "design", "budget"]].copy()
     out["seeds"] = [f"{r.n_seeds}/{r.n_expected}" for r in summary.itertuples()]
     out["test acc"] = [_acc_text(r.test_acc_mean, r.test_acc_std, r.n_seeds) for r in summary.itertuples()]
     out["gap closed"] = [_num(g, ".3f") for g in summary["gap_closed"]]
     out["steps"] = [_num(s, ".0f") for s in summary["steps_mean"]]
+    out["distill steps"] = [_num(s, ".0f") for s in summary["distill_steps_mean"]]
     out["train + distill time (s)"] = [_num(t, ".1f") for t in summary["total_time_s_mean"]]
     out["params"] = [_num(p, ".0f") for p in summary["params_mean"]]
     out["throughput (img/s)"] = [_num(t, ".1f") for t in summary["throughput_img_s_mean"]]
     out["fidelity KL"] = [_num(k, ".4f") for k in summary["fidelity_kl_mean_mean"]]
+    out["fidelity JS"] = [_num(k, ".4f") for k in summary["fidelity_js_mean_mean"]]
+    out["map corr."] = [_num(k, ".3f") for k in summary["fidelity_corr_mean_mean"]]
     return out
+
+
+def _drop_constant(frame: pd.DataFrame, columns: list[str]) -> tuple[pd.DataFrame, str]:
+    """Leave out those of `columns` that hold one value in every row, and say it in a sentence instead
+    (' All rows: budget 200 steps.'), so a grid without the axis reads as before."""
+    notes, drop = [], []
+    for col in columns:
+        values = frame[col].unique() if col in frame and len(frame) else []
+        if len(values) == 1:
+            drop.append(col)
+            notes.append(f"{col} {values[0]} steps" if col == "budget" else f"{col} {values[0]}")
+    return frame.drop(columns=drop), (f" All rows: {', '.join(notes)}." if notes else "")
 
 
 def _grid_section(config: dict, runs: pd.DataFrame) -> str:
     strategies = config.get("init_strategies") or {}
+    grid_budgets = budgets(config)
     lines = [
         f"- Targets: {', '.join(map(str, config['targets']))}",
         f"- Sizes: {', '.join(map(str, config['sizes']))}",
         f"- Linear variants: {', '.join(map(str, config['variants']))}",
         f"- Seeds: {', '.join(map(str, config['seeds']))}",
         f"- Teacher pretrained on: {(config.get('teacher') or {}).get('dataset', 'not given in the config')}",
-        "- Init strategies:",
+        f"- Budgets: {', '.join(f'{b} steps' for b in grid_budgets)}. A budget is the number of training steps "
+        "each student, and the softmax reference it is compared with, gets on the target (stage 2); every "
+        "comparison below (gap closed, claims, designs) is made between runs of the same budget.",
     ]
+    used = _designs_used(config)
+    if used:
+        lines.append("- Distillation designs: " + ", ".join(f"`{d}`" for d in used) + ". A design is the "
+                     "recipe of the distillation before training (stage 1): its losses, which parameters train, "
+                     "and its phases; every design gets the same distillation steps (`distill.train.steps`), so "
+                     "designs compare at equal distillation compute.")
+        specs = design_specs(config)
+        lines += [f"  - `{d}`: {_design_text(specs.get(d))}" for d in used]
+    lines.append("- Init strategies:")
     filled = {}
     for match in resolve_roles(config).values():
         if match.strategy:
@@ -115,18 +156,50 @@ def _grid_section(config: dict, runs: pd.DataFrame) -> str:
         spec = strategies.get(init)
         if spec is None:
             lines.append(f"  - `{init}`: not defined under init_strategies")
+            continue
+        groups = ", ".join(spec.get("copy") or []) or "nothing"
+        description = f" ({spec['description']})" if spec.get("description") else ""
+        roles = f" (the claims' {' and '.join(filled[init])} role)" if init in filled else ""
+        distill = spec.get("distill")
+        if isinstance(distill, str):
+            how = f"distilled by the fixed design `{distill}`"
+        elif distill:
+            how = "distilled by each of the grid's designs (" + (", ".join(f"`{d}`" for d in design_names(config))
+                                                                or "none given") + ")"
         else:
-            groups = ", ".join(spec.get("copy") or []) or "nothing"
-            description = f" ({spec['description']})" if spec.get("description") else ""
-            roles = f" (the claims' {' and '.join(filled[init])} role)" if init in filled else ""
-            lines.append(f"  - `{init}`{description}: copies {groups}; "
-                         f"{'distills attention' if spec.get('distill') else 'no distillation'}{roles}")
+            how = "no distillation"
+        training = training_text(spec)
+        trains = "" if training == "task" else f"; trains on {training}"
+        lines.append(f"  - `{init}`{description}: copies {groups}; {how}{trains}{roles}")
     counts = runs["status"].value_counts()
     # Failure statuses are named when they occur; "missing" always, so a complete grid says "0 missing".
     states = [f"{int(counts.get(s, 0))} {'finished' if s == 'ok' else s}" for s in STATUSES
               if s in ("ok", "missing") or counts.get(s, 0)]
     lines.append(f"- Cells: {len(runs)} expected (students and softmax references), {', '.join(states)}")
     return "\n".join(lines)
+
+
+def _designs_used(config: dict) -> list[str]:
+    """The designs the grid's strategies run with: the `distills` axis (when a strategy takes it), then
+    the fixed designs, in config order."""
+    strategies = config.get("init_strategies") or {}
+    used = []
+    for init in config["inits"]:
+        distill = (strategies.get(init) or {}).get("distill")
+        used += [distill] if isinstance(distill, str) else design_names(config) if distill else []
+    return [d for d in dict.fromkeys(used) if d != NO_DESIGN]
+
+
+def _design_text(spec: dict | None) -> str:
+    """A design's description, else its losses ('out_mse + map_ce x0.1'; phases joined by ', then ')."""
+    if not isinstance(spec, dict):
+        return "not defined under distill_designs"
+    if spec.get("description"):
+        return str(spec["description"])
+    phases = spec.get("phases") or [spec]
+    text = ", then ".join(training_text({"task_weight": 0, "train_losses": p.get("losses") or []}) for p in phases)
+    frozen = all(p.get("freeze", spec.get("freeze", True)) for p in phases)
+    return text + ("" if frozen else " (all parameters train)")
 
 
 def _scaling_section(path: Path, report_dir: Path) -> tuple[str, list[Path]]:
@@ -155,11 +228,27 @@ def _scaling_section(path: Path, report_dir: Path) -> tuple[str, list[Path]]:
     return text, figures
 
 
+# One sentence under each figure (linvit.report.figures says how each is drawn).
+CAPTIONS = {
+    "accuracy_by_init": "Final test accuracy per init strategy: seeds as points, mean ± std over seeds, the softmax "
+                        "reference dashed.",
+    "training_curves": "Test accuracy against training step per init strategy (band: std over seeds), the softmax "
+                       "reference dashed.",
+    "accuracy_by_budget": "Test accuracy against the training budget (log2 axis), one line per init strategy and "
+                          "design through the mean over seeds, the softmax reference dashed.",
+    "fidelity_by_block": "Attention fidelity to the teacher per block at the largest budget (mean over seeds): "
+                         "KL(A ‖ Â) above, the maps' correlation below.",
+    "attention_maps": "The class token's attention on the patch grid, one panel per head: the teacher, then the "
+                      "softmax reference and each student (largest budget, first seed).",
+}
+
+
 def _figures_section(figures: list[Path]) -> str:
     blocks = []
     for png in (f for f in figures if f.suffix == ".png"):
         name = png.stem.replace("_", " ")
-        blocks.append(f"![{name}]({png.as_posix()})\n\n({name}; vector: [{png.with_suffix('.svg').name}]"
+        caption = f"{CAPTIONS[png.stem]} " if png.stem in CAPTIONS else ""
+        blocks.append(f"![{name}]({png.as_posix()})\n\n{caption}({name}; vector: [{png.with_suffix('.svg').name}]"
                       f"({png.with_suffix('.svg').as_posix()}))")
     return "\n\n".join(blocks)
 
@@ -167,7 +256,58 @@ def _figures_section(figures: list[Path]) -> str:
 def _roles_section(config: dict) -> str:
     return ("The claims compare init strategies by what they copy from the teacher, not by name: each role "
             "below is filled by the strategy of the grid's `inits` whose `init_strategies` entry has that "
-            "content (`attn_extra` is never copied, so it is ignored).\n\n" + roles_markdown(config))
+            "content (`attn_extra` is never copied, so it is ignored). A role trains on the task loss alone, so "
+            "a strategy with `train_losses` (a literature baseline such as logit KD) never fills one. A "
+            "distilling role is compared at its strategy's primary design: the one it names, else the first "
+            "of `distills`. Each claim is judged per (dataset, size, variant, budget) cell, against the random "
+            "role and the softmax reference of the same budget.\n\n" + roles_markdown(config))
+
+
+def _budgets_section(verdicts: list[ClaimVerdict]) -> str:
+    """The claim x budget table (skipped for a single budget: the verdicts say it all)."""
+    if not verdicts or len(verdicts[0].by_budget) < 2:
+        return ""
+    return ("Each claim at each budget: in how many of the cells where it can be evaluated it holds.\n\n"
+            + budget_markdown(verdicts) + "\n\n")
+
+
+def _designs_section(designs: pd.DataFrame | None, config: dict) -> str:
+    """Every distilling (init, design) and literature baseline beside the paper's recipe, per cell and
+    budget: accuracy, gap closed, distillation steps and time, total time."""
+    if designs is None or designs.empty:
+        return ("No distilling strategy and no literature baseline (a strategy with `train_losses` or a fixed "
+                "design) in the grid.")
+    recipe = resolve_roles(config)[COPY_MLP_DISTILL]
+    table = pd.DataFrame({
+        "cell": [f"{r.dataset}/{r.size}/{r.variant}" for r in designs.itertuples()],
+        "budget": designs["budget"],
+        "strategy": [f"`{i}`" if i != REFERENCE_INIT else "softmax reference" for i in designs["init"]],
+        "design": [("—" if d == NO_DESIGN else f"`{d}`") + (" *" if c else "")
+                   for d, c in zip(designs["design"], designs["claims_design"])],
+        "kind": designs["kind"],
+        "stage-2 loss": designs["training"],
+        "seeds": [f"{n}/{e}" for n, e in zip(designs["n_seeds"], designs["n_expected"])],
+        "test acc": [_acc_text(m, sd, n) for m, sd, n in
+                     zip(designs["test_acc_mean"], designs["test_acc_std"], designs["n_seeds"])],
+        "gap closed": [_num(g, ".3f") for g in designs["gap_closed"]],
+        "distill steps": [_num(x, ".0f") for x in designs["distill_steps_mean"]],
+        "distill time (s)": [_num(x, ".1f") for x in designs["distill_time_s_mean"]],
+        "total time (s)": [_num(x, ".1f") for x in designs["total_time_s_mean"]],
+    })
+    table, constant = _drop_constant(table, ["cell", "budget"])
+    recipe_text = (f"the paper's recipe (`{recipe.strategy}`, the copy_mlp_distill role, under each of its designs; "
+                   "* marks the design the claims use)" if recipe.strategy else
+                   "the paper's recipe (no strategy of the grid fills the copy_mlp_distill role)")
+    text = ("Every distilling strategy under each of its designs, and the literature's baselines (strategies with "
+            f"`train_losses` or one fixed design), beside {recipe_text} and the softmax reference. All designs get "
+            "the same distillation steps (`distill.train.steps`), so they compare at equal distillation compute; "
+            "total time = distillation + training (means over finished seeds; the teacher's pretraining is shared "
+            f"and not counted).{constant}\n\n" + _markdown(table))
+    unequal = unequal_distillation(designs)
+    if unequal:
+        text += ("\n\nNot at equal distillation compute (mean distillation steps differ):\n"
+                 + "\n".join(f"- {u}" for u in unequal))
+    return text
 
 
 def _thresholds_line(config: dict) -> str:
@@ -182,7 +322,7 @@ def _cost_section(costs: pd.DataFrame, jobs: pd.DataFrame | None, config: dict) 
     if costs.empty:
         parts.append("No cells to compare.")
         return "\n\n".join(parts)
-    table = costs[["dataset", "size", "variant", "init"]].copy()
+    table = costs[["dataset", "size", "variant", "budget", "init"]].copy()
     table["seeds"] = costs["n_seeds"]
     table["test acc"] = [pct(a) for a in costs["test_acc_mean"]]
     table["train steps"] = [_num(s, ".0f") for s in costs["steps_mean"]]
@@ -192,10 +332,12 @@ def _cost_section(costs: pd.DataFrame, jobs: pd.DataFrame | None, config: dict) 
     table["total time (s)"] = [_num(t, ".1f") for t in costs["total_time_s_mean"]]
     table["steps to random's final acc"] = [
         _reach_text(s, n, k) for s, n, k in zip(costs["steps_to_random_acc"], costs["seeds_reaching"], costs["n_seeds"])]
-    parts.append("Student compute per cell for the random and copy_mlp_distill roles and the softmax reference "
-                 "(means over finished seeds, as measured inside training); the teacher's pretraining is shared "
-                 "by every student and not counted. The last column is the first evaluated training step at which "
-                 "a run reaches the final accuracy of the random-role run with the same seed.\n\n" + _markdown(table))
+    table, constant = _drop_constant(table, ["budget"])
+    parts.append("Student compute per cell and budget for the random and copy_mlp_distill roles and the softmax "
+                 "reference (means over finished seeds, as measured inside training); the teacher's pretraining is "
+                 "shared by every student and not counted. The last column is the first evaluated training step at "
+                 "which a run reaches the final accuracy of the random-role run with the same seed and budget."
+                 + constant + "\n\n" + _markdown(table))
     return "\n\n".join(parts)
 
 
@@ -215,7 +357,9 @@ def _rule_cost_section(jobs: pd.DataFrame, config: dict) -> str:
         "peak memory (MB)": [_num(x, ".0f") for x in costs["max_rss_mb_peak"]],
         "cpu time total (s)": [_num(x, ".1f") for x in costs["cpu_time_s_total"]],
     })
-    return ("Per Snakemake rule, from its benchmark files (`results/benchmarks/<rule>/...tsv`): wall-clock seconds "
+    return ("Per Snakemake rule, from its benchmark files (`results/benchmarks/<rule>/...tsv`): distillations per "
+            "init strategy and design (one job per cell and seed, shared by every budget), students per init "
+            "strategy (every design and budget); wall-clock seconds "
             "(mean over a job's repeats) summed over jobs, and per job; peak memory is the highest max_rss of any "
             "job. Totals add job times, so they exceed the elapsed time when jobs ran in parallel. Per run, "
             "runs.csv has train_wall_s, train_max_rss_mb, eval_wall_s and eval_max_rss_mb.\n\n"
@@ -235,8 +379,8 @@ def _missing_section(runs: pd.DataFrame) -> str:
     failed = runs[runs["status"] != "ok"]
     if failed.empty:
         return "none"
-    return "\n".join(f"- `{Cell(r.dataset, r.size, r.variant, r.init, int(r.seed)).key}` ({r.status}): {r.reason}"
-                     for r in failed.itertuples())
+    return "\n".join(f"- `{Cell(r.dataset, r.size, r.variant, r.init, int(r.seed), r.design, int(r.budget)).key}` "
+                     f"({r.status}): {r.reason}" for r in failed.itertuples())
 
 
 def _markdown(frame: pd.DataFrame) -> str:

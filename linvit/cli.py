@@ -73,7 +73,7 @@ def cmd_distill(args):
 
     config = _config(args)
     rt = _runtime(args, config)
-    m = run_distill(config, args.dataset, args.size, args.variant, args.seed, args.teacher,
+    m = run_distill(config, args.dataset, args.size, args.variant, args.init, args.design, args.seed, args.teacher,
                     args.shards, args.out, runtime=rt)
     _say(rt, f"distilled {args.variant}: {m['loss']} loss {m['distill_loss']:.5f} on the probe batch")
 
@@ -84,8 +84,9 @@ def cmd_student(args):
     config = _config(args)
     rt = _runtime(args, config)
     m = run_student(config, args.dataset, args.size, args.variant, args.init, args.seed, args.teacher,
-                    args.shards, args.out, distilled_dir=args.distilled, runtime=rt)
-    _say(rt, f"{args.dataset}/{args.size}/{args.variant}/{args.init}/seed{args.seed}: "
+                    args.shards, args.out, distilled_dir=args.distilled, runtime=rt, design=args.design,
+                    budget=args.budget, kd_dir=args.kd_teacher)
+    _say(rt, f"{args.dataset}/{args.size}/{args.variant}/{args.init}/{args.design}/seed{args.seed}: "
           f"test accuracy {m['test_acc']:.4f} after {m['steps']} steps")
 
 
@@ -160,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     device_help = ("auto (CUDA when available, else CPU), cpu, cuda or cuda:N; overrides the config's "
                    "runtime.device")
 
-    def command(name, fn, help, *args, computes=True, optional=("distilled",)):
+    def command(name, fn, help, *args, computes=True, optional=("distilled", "kd-teacher", "budget", "design")):
         p = sub.add_parser(name, help=help)
         p.add_argument("--config", help="config file (YAML or JSON)")
         p.add_argument("--config-json", help="the config as JSON text (what the workflow passes)")
@@ -169,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--device", default=None, help=device_help)
         for a in args:
             p.add_argument(f"--{a}", required=a not in optional,
-                           type=int if a == "seed" else str)
+                           type=int if a in ("seed", "budget") else str,
+                           **({"default": "none"} if a == "design" and a in optional else {}))
         p.set_defaults(fn=fn)
         return p
 
@@ -182,10 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="processes writing shards in parallel (default: min(4, CPUs))")
     command("teacher", cmd_teacher, "pretrain the softmax teacher, or load a pretrained one (config.teachers)",
             "size", "seed", "shards", "out", optional=("seed", "shards"))
-    command("distill", cmd_distill, "distill the teacher's attention into a linear student",
-            "dataset", "size", "variant", "seed", "teacher", "shards", "out")
-    command("student", cmd_student, "initialize a student from the teacher and train it",
-            "dataset", "size", "variant", "init", "seed", "teacher", "shards", "out", "distilled")
+    command("distill", cmd_distill, "stage 1: initialize a student by an init strategy and distill it by a design",
+            "dataset", "size", "variant", "init", "design", "seed", "teacher", "shards", "out",
+            optional=())
+    command("student", cmd_student, "stage 2: initialize a student (or take its stage 1) and train it",
+            "dataset", "size", "variant", "init", "design", "seed", "budget", "teacher", "shards", "out",
+            "distilled", "kd-teacher")
     command("evaluate", cmd_evaluate, "attention fidelity, parameters and throughput of a run",
             "run", "teacher", "shards", "out")
     command("report", cmd_report, "aggregate results/ into tables, figures and claim verdicts",

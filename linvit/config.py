@@ -17,6 +17,7 @@ REFERENCE_INIT = "reference"  # the init name of the softmax reference runs (lin
 # Sources that read a user's folder or file: their `path` is checked when the config is, before planning.
 NEEDS_PATH = ("imagefolder", "cifar", "idx")
 REFERENCE_STRATEGY = {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": False}
+NO_DESIGN = "none"  # the design of a cell that does not distill (linvit.grid.Cell.design)
 
 
 class ConfigError(ValueError):
@@ -70,7 +71,7 @@ def _known(kind: str, key: str, names, known) -> None:
 def check_names(config: dict) -> None:
     """Every name the grid uses must exist: variants, sizes, datasets and their sources, inits, losses."""
     from .groups import GROUPS
-    from .registry import SOFTMAX, names
+    from .registry import LOSS_ALIASES, SOFTMAX, names
     from .sizes import SIZES
 
     if SOFTMAX in config["variants"]:
@@ -101,9 +102,34 @@ def check_names(config: dict) -> None:
         raise ConfigError(f"config key init_strategies: {REFERENCE_INIT!r} names the softmax reference runs, "
                           f"not an init strategy; rename it")
     _known("init strategy", "inits", config["inits"], strategies)
+    losses = {*names("loss"), *LOSS_ALIASES}
+    if "loss" in config["distill"]:
+        _known("distillation loss", "distill.loss", [config["distill"]["loss"]], losses)
+    known_designs = design_specs(config)
+    if NO_DESIGN in known_designs:
+        raise ConfigError(f"config key distill_designs: {NO_DESIGN!r} names the cells that do not distill; rename it")
+    for name, design in known_designs.items():
+        for i, phase in enumerate(design.get("phases") or [design]):
+            where = f"distill_designs.{name}" + (f".phases[{i}]" if "phases" in design else "")
+            _check_terms(phase["losses"], f"{where}.losses", losses)
+    if "distills" in config:
+        _known("distillation design", "distills", config["distills"], known_designs)
     for name, spec in strategies.items():
         _known("parameter group", f"init_strategies.{name}.copy", spec["copy"], GROUPS)
-    _known("distillation loss", "distill.loss", [config["distill"]["loss"]], names("loss"))
+        _check_terms(spec.get("train_losses") or [], f"init_strategies.{name}.train_losses", losses)
+        distill = spec.get("distill")
+        if isinstance(distill, str):
+            _known("distillation design", f"init_strategies.{name}.distill", [distill], known_designs)
+        elif distill and name in config["inits"] and not design_names(config):
+            raise ConfigError(f"config key distills: init strategy {name!r} distills, but no distillation design is "
+                              f"given (list designs of distill_designs in `distills`, or set distill.loss)")
+
+
+def _check_terms(terms: list, key: str, losses) -> None:
+    """The loss names of a list of loss terms (their structure is the schema's)."""
+    for i, term in enumerate(terms):
+        name = term if isinstance(term, str) else term["loss"]
+        _known("distillation loss", f"{key}[{i}].loss", [name], losses)
 
 
 def validate(config: dict, schema_path: str | Path = SCHEMA) -> dict:
@@ -132,3 +158,72 @@ def init_strategy(config: dict, init: str) -> dict:
         raise ConfigError(f"config key init_strategies: unknown init strategy {init!r}; known: "
                           f"{', '.join(sorted(strategies))}")
     return strategies[init]
+
+
+def budgets(config: dict) -> list[int]:
+    """The students' training budgets (stage 2 steps): the `budgets` axis, else student.train.steps."""
+    return [int(b) for b in config.get("budgets") or [get(config, "student.train.steps")]]
+
+
+def design_specs(config: dict) -> dict[str, dict]:
+    """Every distillation design a config defines, by name: `distill_designs`, plus the design
+    `distill.loss` names (that one loss, teacher-forced, attention only: the older configs' form)."""
+    specs = dict(config.get("distill_designs") or {})
+    loss = (config.get("distill") or {}).get("loss")
+    if loss is not None and loss not in specs:
+        specs[loss] = {"losses": [loss], "description": f"{loss}, teacher-forced (distill.loss)"}
+    return specs
+
+
+def design_names(config: dict) -> list[str]:
+    """The designs the `distill: true` strategies are crossed with: `distills`, else `distill.loss`'s
+    design, else the first of `distill_designs`."""
+    if config.get("distills"):
+        return list(config["distills"])
+    specs = design_specs(config)
+    loss = (config.get("distill") or {}).get("loss")
+    return [loss] if loss is not None else list(specs)[:1]
+
+
+def designs(config: dict, init: str) -> list[str]:
+    """The designs init strategy `init` runs with: ['none'] when it does not distill, the one it names
+    (`distill: <design>`, a literature baseline's fixed recipe), or the `distills` axis (`distill: true`)."""
+    distill = init_strategy(config, init).get("distill", False)
+    if isinstance(distill, str):
+        return [distill]
+    if not distill:
+        return [NO_DESIGN]
+    names = design_names(config)
+    if not names:  # its cells would silently vanish from the grid
+        raise ConfigError(f"config key distills: init strategy {init!r} distills, but no distillation design is "
+                          f"given (list designs of distill_designs in `distills`, or set distill.loss)")
+    return names
+
+
+def design_spec(config: dict, name: str) -> dict:
+    """A design's entry, as a list of phases: [{losses: [...], freeze: bool, fraction: float}]."""
+    specs = design_specs(config)
+    if name not in specs:
+        raise ConfigError(f"config key distill_designs: unknown distillation design {name!r}; known: "
+                          f"{', '.join(sorted(specs)) or 'none'}")
+    return specs[name]
+
+
+# The losses that read a teacher's logits (linvit.losses registers them): on a target whose label
+# space the teacher does not share, the softmax reference of the cell gives those logits instead.
+LOGIT_LOSSES = ("logit_kd", "logit_kd_hard")
+
+
+def shares_teacher_labels(config: dict, dataset: str, size: str) -> bool:
+    """Whether the teacher of `size` classifies `dataset`'s labels: the dataset it was trained on by
+    the harness, or one declared `labels: teacher`."""
+    if (config.get("datasets", {}).get(dataset) or {}).get("labels") == "teacher":
+        return True
+    return pretrained(config, size) is None and (config.get("teacher") or {}).get("dataset") == dataset
+
+
+def kd_reference(config: dict, init: str, dataset: str, size: str) -> bool:
+    """Whether a student of `init` on `dataset` takes its logit teacher from the softmax reference."""
+    terms = init_strategy(config, init).get("train_losses") or []
+    logits = any((t if isinstance(t, str) else t["loss"]) in LOGIT_LOSSES for t in terms)
+    return logits and not shares_teacher_labels(config, dataset, size)

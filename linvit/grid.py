@@ -7,8 +7,10 @@ path functions take plain strings, so the rules pass Snakemake wildcards ("{size
     results/data/<dataset>/                              shards and _info.json (rule shards)
     results/teacher/<size>/                              the softmax teacher (rule teacher, or
                                                          teacher_pretrained for config.teachers)
-    results/distill/<dataset>/<size>/<variant>/seed<s>/  distilled attention (rule distill)
-    results/students/<dataset>/<size>/<variant>/<init>/seed<s>/   students and the softmax reference
+    results/distill/<dataset>/<size>/<variant>/<init>/<design>/seed<s>/
+                                                         stage 1: the student after distillation (rule distill)
+    results/students/<dataset>/<size>/<variant>/<init>/<design>/steps<budget>/seed<s>/
+                                                         stage 2: students and the softmax reference
     results/logs/<rule>/...log, results/benchmarks/<rule>/...tsv   per job
     results/benchmark/attention.csv                      the operator benchmark (rule benchmark)
     results/runs.csv, results/curves.csv, report/...     the report (report_files)
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import REFERENCE_INIT
+from .config import NO_DESIGN, REFERENCE_INIT, budgets, designs
 from .registry import SOFTMAX
 
 REFERENCE_VARIANT = SOFTMAX  # the softmax reference runs the teacher's own attention
@@ -29,13 +31,19 @@ REPORT = "report"
 
 @dataclass(frozen=True, order=True)
 class Cell:
-    """One trained model of the grid: a linear student, or the softmax reference (variant 'softmax')."""
+    """One trained model of the grid: a linear student, or the softmax reference (variant 'softmax').
+
+    `design` is the distillation design of a distilling init strategy ('none' for the others and the
+    reference); `budget` the student's training steps (stage 2), which the reference gets too.
+    """
 
     dataset: str
     size: str
     variant: str
     init: str
     seed: int
+    design: str
+    budget: int
 
     @property
     def is_reference(self) -> bool:
@@ -43,7 +51,7 @@ class Cell:
 
     @property
     def key(self) -> str:
-        return run_key(self.dataset, self.size, self.variant, self.init, self.seed)
+        return run_key(self.dataset, self.size, self.variant, self.init, self.seed, self.design, self.budget)
 
     @property
     def rule(self) -> str:
@@ -51,7 +59,8 @@ class Cell:
         return "reference" if self.is_reference else "student"
 
     def run_dir(self, results: str | Path = RESULTS) -> Path:
-        return Path(run_dir(self.dataset, self.size, self.variant, self.init, self.seed, results))
+        return Path(run_dir(self.dataset, self.size, self.variant, self.init, self.seed, self.design, self.budget,
+                            results))
 
     def log_path(self, results: str | Path = RESULTS, stage: str = "students") -> Path:
         """Log of this cell's training ('students') or evaluation ('evaluate') job."""
@@ -61,27 +70,38 @@ class Cell:
         """Benchmark TSV of this cell's training ('students') or evaluation ('evaluate') job."""
         return Path(benchmark_path(stage, self.key, results))
 
+    @property
+    def distills(self) -> bool:
+        return self.design != NO_DESIGN
+
+    @property
+    def distill_key(self) -> str:
+        """The key of the distillation this cell starts from (only when it `distills`)."""
+        return distill_key(self.dataset, self.size, self.variant, self.init, self.design, self.seed)
+
     def as_dict(self) -> dict:
         return {"dataset": self.dataset, "size": self.size, "variant": self.variant,
-                "init": self.init, "seed": self.seed}
+                "init": self.init, "design": self.design, "budget": self.budget, "seed": self.seed}
 
 
 # Files of a trained model's folder (teacher, student, softmax reference).
 MODEL_FILES = ("metrics.json", "model.json", "model.safetensors", "config.json", "train.jsonl")
 # Files of a pretrained teacher's folder (loaded, not trained: no training log).
 PRETRAINED_FILES = ("metrics.json", "model.json", "model.safetensors", "config.json")
-# Files of a distillation folder.
-DISTILL_FILES = ("metrics.json", "attention.safetensors", "config.json", "train.jsonl")
+# Files of a distillation folder: the whole student after stage 1 (a design may train more than its
+# attention), which stage 2 starts from.
+DISTILL_FILES = MODEL_FILES
 
 
-def run_key(dataset: str, size: str, variant: str, init: str, seed) -> str:
+def run_key(dataset: str, size: str, variant: str, init: str, seed, design, budget) -> str:
     """A trained model's path below its rule's folder (students, logs, benchmarks)."""
-    return f"{dataset}/{size}/{variant}/{init}/seed{seed}"
+    return f"{dataset}/{size}/{variant}/{init}/{design}/steps{budget}/seed{seed}"
 
 
-def distill_key(dataset: str, size: str, variant: str, seed) -> str:
-    """A distillation's path below its rule's folder (distill, logs, benchmarks)."""
-    return f"{dataset}/{size}/{variant}/seed{seed}"
+def distill_key(dataset: str, size: str, variant: str, init: str, design: str, seed) -> str:
+    """A distillation's path below its rule's folder (distill, logs, benchmarks). One per cell and
+    design, shared by every budget: stage 1 does not depend on how long stage 2 trains."""
+    return f"{dataset}/{size}/{variant}/{init}/{design}/seed{seed}"
 
 
 def shards_dir(dataset: str, results: str | Path = RESULTS) -> str:
@@ -92,12 +112,14 @@ def teacher_dir(size: str, results: str | Path = RESULTS) -> str:
     return f"{results}/teacher/{size}"
 
 
-def distill_dir(dataset: str, size: str, variant: str, seed, results: str | Path = RESULTS) -> str:
-    return f"{results}/distill/{distill_key(dataset, size, variant, seed)}"
+def distill_dir(dataset: str, size: str, variant: str, init: str, design: str, seed,
+                results: str | Path = RESULTS) -> str:
+    return f"{results}/distill/{distill_key(dataset, size, variant, init, design, seed)}"
 
 
-def run_dir(dataset: str, size: str, variant: str, init: str, seed, results: str | Path = RESULTS) -> str:
-    return f"{results}/students/{run_key(dataset, size, variant, init, seed)}"
+def run_dir(dataset: str, size: str, variant: str, init: str, seed, design, budget,
+            results: str | Path = RESULTS) -> str:
+    return f"{results}/students/{run_key(dataset, size, variant, init, seed, design, budget)}"
 
 
 def log_path(rule: str, key: str, results: str | Path = RESULTS) -> str:
@@ -136,16 +158,26 @@ def report_files(with_benchmark: bool, report: str | Path = REPORT, results: str
 
 
 def student_cells(config: dict) -> list[Cell]:
-    """Every (target dataset, size, linear variant, init strategy, seed) the config asks for."""
-    return [Cell(d, s, v, i, int(seed))
+    """Every (target dataset, size, linear variant, init strategy, design, budget, seed) the config
+    asks for: a distilling init strategy once per design it takes (linvit.config.designs)."""
+    return [Cell(d, s, v, i, int(seed), design, int(b))
             for d in config["targets"] for s in config["sizes"] for v in config["variants"]
-            for i in config["inits"] for seed in config["seeds"]]
+            for i in config["inits"] for design in designs(config, i) for b in budgets(config)
+            for seed in config["seeds"]]
 
 
 def reference_cells(config: dict) -> list[Cell]:
-    """The softmax reference per (target, size, seed): the teacher trained on the target with the students' budget."""
-    return [Cell(d, s, REFERENCE_VARIANT, REFERENCE_INIT, int(seed))
-            for d in config["targets"] for s in config["sizes"] for seed in config["seeds"]]
+    """The softmax reference per (target, size, budget, seed): the teacher trained on the target with
+    the students' budget."""
+    return [Cell(d, s, REFERENCE_VARIANT, REFERENCE_INIT, int(seed), NO_DESIGN, int(b))
+            for d in config["targets"] for s in config["sizes"] for b in budgets(config)
+            for seed in config["seeds"]]
+
+
+def distill_cells(config: dict) -> list[Cell]:
+    """One student cell per distillation the grid runs (the smallest budget stands for all)."""
+    first = min(budgets(config))
+    return [c for c in student_cells(config) if c.distills and c.budget == first]
 
 
 def all_cells(config: dict) -> list[Cell]:

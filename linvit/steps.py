@@ -8,6 +8,7 @@ models are built and loaded on the CPU, then moved to its device.
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -21,18 +22,19 @@ from safetensors.torch import load_file
 from torch import nn
 
 from . import inputs
-from .config import get, init_strategy, pretrained
+from .config import NO_DESIGN, design_spec, get, init_strategy, pretrained
 from .data.loader import ShardSet, read_manifest
 from .data.shards import MANIFEST
 from .device import Runtime, cpu_runtime
 from .distill import DistillTask
-from .evaluate import accuracy, attention_fidelity, parameter_counts, throughput
+from .losses import Objective, parse_terms
+from .evaluate import accuracy, attention_report, parameter_counts, throughput
 from .io import code_version, file_sha256, provenance, read_json, remove_stale_temps, write_json, write_safetensors
 from .models import build_vit, model_name
 from .registry import SOFTMAX
-from .train import TrainSpec, fit, publish_log
+from .train import TrainSpec, fit, live_log_path, publish_log
 from .teachers import adapt, build_model, check_fit, describe, load_pretrained
-from .transfer import GROUPS, attention_state, copy_groups, load_attention_state
+from .transfer import GROUPS, copy_groups
 
 
 # -- model folders: model.safetensors plus model.json describing the architecture ----------------
@@ -77,12 +79,17 @@ def _arch(model: nn.Module, base: dict, size: str, variant: str, data: ShardSet,
 
 class ClassifyTask:
     """Supervised training of every parameter with (label-smoothed) cross-entropy; with `mixup`
-    (timm.data.Mixup options), on mixed or cut-and-pasted batches against their soft labels."""
+    (timm.data.Mixup options), on mixed or cut-and-pasted batches against their soft labels.
+
+    With an `objective` (linvit.losses.Objective: logit KD, attention distillation as an auxiliary
+    loss), the loss is task_weight x cross-entropy plus the objective's weighted terms, on the same
+    (mixed) batch and from one forward pass of the student."""
 
     def __init__(self, model: nn.Module, data: ShardSet, spec: TrainSpec, runtime: Runtime | None = None,
-                 mixup: dict | None = None):
+                 mixup: dict | None = None, objective=None, task_weight: float = 1.0):
         self.model, self.data, self.spec = model, data, spec
         self.runtime = runtime or cpu_runtime()
+        self.objective, self.task_weight = objective, task_weight
         self.mixup = None
         if mixup:
             from timm.data import Mixup
@@ -94,13 +101,20 @@ class ClassifyTask:
         return list(self.model.named_parameters())
 
     def loss(self, x, y):
+        if self.mixup is not None:
+            # timm's Mixup draws from numpy's global generator: seed it from torch's, which the loop
+            # seeds and checkpoints, so a resumed run mixes exactly as the uninterrupted one.
+            np.random.seed(int(torch.randint(0, 2**31 - 1, ())))
+            x, y = self.mixup(x, y)
+        if self.objective is None:
+            return self._task_loss(self.model(x), y)
+        result = self.objective(x, student_logits=True)
+        return self.task_weight * self._task_loss(result.student_logits, y) + result.total
+
+    def _task_loss(self, logits, y):
         if self.mixup is None:
-            return F.cross_entropy(self.model(x), y, label_smoothing=self.spec.label_smoothing)
-        # timm's Mixup draws from numpy's global generator: seed it from torch's, which the loop
-        # seeds and checkpoints, so a resumed run mixes exactly as the uninterrupted one.
-        np.random.seed(int(torch.randint(0, 2**31 - 1, ())))
-        x, soft = self.mixup(x, y)
-        return torch.sum(-soft * F.log_softmax(self.model(x), dim=-1), dim=-1).mean()
+            return F.cross_entropy(logits, y, label_smoothing=self.spec.label_smoothing)
+        return torch.sum(-y * F.log_softmax(logits, dim=-1), dim=-1).mean()  # y: mixup's soft labels
 
     def evaluate(self, final: bool) -> dict:
         return accuracy(self.model, self.data, limit=None if final else self.spec.eval_samples,
@@ -268,39 +282,118 @@ def _student(config, dataset, size, variant, seed, teacher_dir, shards_dir, runt
     return data, teacher, arch, student, same_labels
 
 
-def run_distill(config: dict, dataset: str, size: str, variant: str, seed: int, teacher_dir, shards_dir,
-                out_dir, runtime: Runtime | None = None) -> dict:
-    """Distill the teacher's attention into a fresh linear student's attention on `dataset`'s images.
+def _phases(design: dict, spec: TrainSpec, key: str) -> list[tuple[dict, TrainSpec]]:
+    """A design's stage-1 phases with their share of the distillation budget `spec`: a phase's
+    `fraction` of spec.steps, the phases without one sharing the rest equally (at least 1 step)."""
+    phases = design.get("phases") or [{k: v for k, v in design.items() if k in ("losses", "freeze")}]
+    fixed = sum(p.get("fraction", 0.0) for p in phases)
+    free = [p for p in phases if "fraction" not in p]
+    if fixed > 1 + 1e-9 or (fixed >= 1 - 1e-9 and free):
+        raise ValueError(f"config key {key}.phases: the fractions add up to {fixed:g}, leaving nothing for the rest")
+    out = []
+    for phase in phases:
+        share = phase.get("fraction", (1 - fixed) / len(free) if free else 0.0)
+        steps = max(1, round(spec.steps * share))
+        out.append((phase, TrainSpec(**{**vars(spec), "steps": steps,
+                                        "warmup_steps": min(spec.warmup_steps, steps)})))
+    return out
+
+
+def run_distill(config: dict, dataset: str, size: str, variant: str, init: str, design: str, seed: int,
+                teacher_dir, shards_dir, out_dir, runtime: Runtime | None = None) -> dict:
+    """Stage 1: the student as init strategy `init` initializes it (its copied groups), trained by the
+    distillation design `design` (linvit.losses terms; by default only its attention trains) for
+    distill.train.steps, split over the design's phases. Writes the whole student (model.json,
+    model.safetensors), which every budget's stage 2 starts from.
 
     Progress is measured on a fixed probe batch of `evaluation.fidelity_samples` test images
     (default 64, at most the test split).
     """
     runtime = runtime or cpu_runtime()
     out_dir = _start(out_dir, runtime)
-    data, teacher, arch, student, _ = _student(config, dataset, size, variant, seed, teacher_dir,
-                                               shards_dir, runtime)
+    strategy, spec = init_strategy(config, init), design_spec(config, design)
+    data, teacher, arch, student, same_labels = _student(config, dataset, size, variant, seed, teacher_dir,
+                                                         shards_dir, runtime)
+    copied = copy_groups(student, teacher, strategy["copy"], copy_head=same_labels)
+    phases = _phases(spec, _spec(config, "distill.train"), f"distill_designs.{design}")
+    terms = [parse_terms(phase["losses"], f"distill_designs.{design}.losses") for phase, _ in phases]
     teacher, student = teacher.to(runtime.device), student.to(runtime.device)
-    spec, loss = _spec(config, "distill.train"), get(config, "distill.loss")
-    fingerprint = _fingerprint(config, ["distill", "evaluation.fidelity_samples", *_input_keys(dataset)], seed,
-                               {"step": "distill", "dataset": dataset, "size": size, "variant": variant},
+    fingerprint = _fingerprint({**config, "init_strategy": strategy, "design": spec},
+                               ["distill.train", "design", "init_strategy", "evaluation.fidelity_samples",
+                                *_input_keys(dataset)], seed,
+                               {"step": "distill", "dataset": dataset, "size": size, "variant": variant,
+                                "init": init, "design": design},
                                {"data": data.dir / MANIFEST, "teacher_weights": Path(teacher_dir) / "model.safetensors"},
                                runtime)
     samples = config.get("evaluation", {}).get("fidelity_samples", 64)
     probe = runtime.batch(data.fixed_batch("test", min(samples, data.num_samples("test")))[0])[0]
-    task = DistillTask(teacher, student, loss, probe)
-    # The loss calls the student's attention modules one by one, never the student's own forward.
-    task.compiled_modules = lambda: [block.attn for block in student.blocks]
-    summary = fit(task, spec, data, out_dir, seed=seed, desc=f"distill {dataset}/{size}/{variant}",
-                  fingerprint=fingerprint, runtime=runtime)
-    metrics = {"dataset": dataset, "size": size, "variant": variant, "seed": seed, "loss": loss,
-               "probe_samples": len(probe), **summary}
-    return _finish(out_dir, metrics, config, fingerprint, {"attention.safetensors": attention_state(student)},
-                   None, runtime)
+    desc = f"distill {dataset}/{size}/{variant}/{init}/{design}"
+    summaries = []
+    for i, ((phase, train), phase_terms) in enumerate(zip(phases, terms)):
+        task = DistillTask(teacher, student, phase_terms, probe, freeze=phase.get("freeze", True))
+        # Teacher-forced terms call the student's attention modules one by one (compiled there).
+        task.compiled_modules = lambda: [block.attn for block in student.blocks]
+        if len(phases) == 1:
+            summaries.append(fit(task, train, data, out_dir, seed=seed, desc=desc, fingerprint=fingerprint,
+                                 runtime=runtime))
+        else:
+            summaries.append(_fit_phase(task, train, data, out_dir / f"phase{i}", seed=seed,
+                                        desc=f"{desc} phase {i + 1}/{len(phases)}",
+                                        fingerprint={**fingerprint, "phase": i}, runtime=runtime))
+    if len(phases) > 1:
+        _join_phase_logs(out_dir, len(phases), runtime)
+    summary = {**summaries[-1], "steps": sum(s["steps"] for s in summaries),
+               "train_time_s": round(sum(s["train_time_s"] for s in summaries), 3),
+               "images_seen": sum(s["images_seen"] for s in summaries)}
+    losses = [dict(t.entry(), phase=i) for i, phase_terms in enumerate(terms) for t in phase_terms]
+    metrics = {"dataset": dataset, "size": size, "variant": variant, "init": init, "design": design, "seed": seed,
+               "loss": "+".join(dict.fromkeys(t["loss"] for t in losses)), "losses": losses,
+               "phase_steps": [s["steps"] for s in summaries], "copied": copied,
+               "head_copied": same_labels and "head" in strategy["copy"], "probe_samples": len(probe), **summary}
+    return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": student.state_dict()},
+                   _arch(student, arch, size, variant, data, dataset), runtime)
+
+
+def _fit_phase(task, spec: TrainSpec, data, phase_dir: Path, *, seed: int, desc: str, fingerprint: dict,
+               runtime: Runtime) -> dict:
+    """One phase of a multi-phase design, in its own folder: a finished phase (its summary.json) is
+    loaded rather than rerun, so a killed job resumes in the phase it was in."""
+    done = phase_dir / "summary.json"
+    if done.exists():
+        summary = read_json(done, what="phase summary")
+        task.model.load_state_dict(_load_tensors(phase_dir / "model.safetensors", "phase weights"))
+        return summary
+    summary = fit(task, spec, data, phase_dir, seed=seed, desc=desc, fingerprint=fingerprint, runtime=runtime)
+    if runtime.world.main:
+        write_safetensors(phase_dir / "model.safetensors", {k: v.cpu() for k, v in task.model.state_dict().items()})
+        publish_log(phase_dir)
+        write_json(done, summary)
+    return summary
+
+
+def _join_phase_logs(out_dir: Path, phases: int, runtime: Runtime) -> None:
+    """The phases' logs as the distillation's one log (each record tagged with its phase), where
+    `_finish` publishes it from."""
+    if not runtime.world.main:
+        return
+    lines = []
+    for i in range(phases):
+        for line in (out_dir / f"phase{i}" / "train.jsonl").read_text().splitlines():
+            if line.strip():
+                lines.append(json.dumps({**json.loads(line), "phase": i}))
+    live = live_log_path(out_dir)
+    live.parent.mkdir(parents=True, exist_ok=True)
+    live.write_text("".join(line + "\n" for line in lines))
 
 
 def run_student(config: dict, dataset: str, size: str, variant: str, init: str, seed: int, teacher_dir,
-                shards_dir, out_dir, distilled_dir=None, runtime: Runtime | None = None) -> dict:
-    """Initialize a student from the teacher by strategy `init`, then train it on `dataset`.
+                shards_dir, out_dir, distilled_dir=None, runtime: Runtime | None = None, *,
+                design: str = NO_DESIGN, budget: int | None = None, kd_dir=None) -> dict:
+    """Stage 2: initialize a student from the teacher by strategy `init` (or start from its stage-1
+    folder `distilled_dir`, written by `run_distill` with `design`), then train it on `dataset` for
+    `budget` steps (default student.train.steps) with the task's cross-entropy (weight
+    `task_weight`, default 1) plus the strategy's `train_losses` against the teacher; logit terms
+    read `kd_dir`'s model when given (the softmax reference, for a target of other labels).
 
     variant 'softmax' with init 'reference' is the softmax reference: the teacher trained on the
     target with the students' budget.
@@ -308,37 +401,58 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     runtime = runtime or cpu_runtime()
     out_dir = _start(out_dir, runtime)
     strategy = init_strategy(config, init)
-    spec = _spec(config, "student.train")
+    train = dict(get(config, "student.train"), **({"steps": int(budget)} if budget is not None else {}))
+    spec = TrainSpec.from_dict(train, "student.train")
     data, teacher, arch, student, same_labels = _student(config, dataset, size, variant, seed, teacher_dir,
                                                          shards_dir, runtime)
     inputs = {"data": data.dir / MANIFEST, "teacher_weights": Path(teacher_dir) / "model.safetensors"}
-    copied = copy_groups(student, teacher, strategy["copy"], copy_head=same_labels)
     distill = None
-    if strategy.get("distill"):
+    if design != NO_DESIGN:
         if distilled_dir is None:
-            raise ValueError(f"init strategy {init!r} distills attention: pass the distillation folder")
+            raise ValueError(f"init strategy {init!r} with design {design!r} starts from a distillation: "
+                             f"pass the distillation folder")
         distilled_dir = Path(distilled_dir)
         info = read_json(distilled_dir / "metrics.json", what="distillation metrics")
-        inputs["distilled_attention"] = distilled_dir / "attention.safetensors"
-        load_attention_state(student, _load_tensors(inputs["distilled_attention"], "distilled attention"))
-        distill = {"loss": info["loss"], "steps": info["steps"], "time_s": info["train_time_s"],
+        inputs["distilled"] = distilled_dir / "model.safetensors"
+        student, _ = load_model(distilled_dir, what="distilled student")
+        copied = info["copied"]
+        distill = {"design": design, "loss": info["loss"], "steps": info["steps"], "time_s": info["train_time_s"],
                    "final_loss": info["final_loss"]}
-    fingerprint = _fingerprint({**config, "init_strategy": strategy},
+    else:
+        copied = copy_groups(student, teacher, strategy["copy"], copy_head=same_labels)
+    extra = strategy.get("train_losses")
+    terms = parse_terms(extra, f"init_strategies.{init}.train_losses") if extra else []
+    logit_teacher = None
+    if kd_dir is not None:
+        inputs["kd_teacher"] = Path(kd_dir) / "model.safetensors"
+        logit_teacher, _ = load_model(kd_dir, what="logit teacher")
+    fingerprint = _fingerprint({**config, "init_strategy": strategy, "student": {"train": train}},
                                ["student", "init_strategy", *_input_keys(dataset)], seed,
                                {"step": "student", "dataset": dataset, "size": size, "variant": variant,
-                                "init": init}, inputs, runtime)
+                                "init": init, "design": design}, inputs, runtime)
     if runtime.world.main:
-        print(f"student {dataset}/{size}/{variant}/{init}/seed{seed}: copied "
-              + ", ".join(f"{g}={copied[g]}" for g in GROUPS) + (" + distilled attention" if distill else ""),
-              file=sys.stderr)
-    del teacher  # copied from; the student alone goes to the device
+        print(f"student {dataset}/{size}/{variant}/{init}/{design}/steps{spec.steps}/seed{seed}: copied "
+              + ", ".join(f"{g}={copied.get(g, 0)}" for g in GROUPS)
+              + (f" + distilled ({design})" if distill else "")
+              + (f" + training losses {', '.join(t.label for t in terms)}" if terms else ""), file=sys.stderr)
     student = student.to(runtime.device)
-    task = ClassifyTask(student, data, spec, runtime, _mixup(config, dataset))
+    objective = None
+    if terms:
+        objective = Objective(teacher.to(runtime.device), student, terms,
+                              logit_teacher=None if logit_teacher is None else logit_teacher.to(runtime.device))
+    else:
+        del teacher  # copied from; the student alone goes to the device
+    task = ClassifyTask(student, data, spec, runtime, _mixup(config, dataset), objective=objective,
+                        task_weight=strategy.get("task_weight", 1.0))
     summary = fit(task, spec, data, out_dir, seed=seed,
-                  desc=f"student {dataset}/{size}/{variant}/{init}", fingerprint=fingerprint, runtime=runtime)
-    metrics = {"dataset": dataset, "size": size, "variant": variant, "init": init, "seed": seed,
-               "copied": copied, "head_copied": same_labels and "head" in strategy["copy"],
-               "distill": distill, "test_samples": summary.pop("samples"), **summary}
+                  desc=f"student {dataset}/{size}/{variant}/{init}/{design}/steps{spec.steps}",
+                  fingerprint=fingerprint, runtime=runtime)
+    metrics = {"dataset": dataset, "size": size, "variant": variant, "init": init, "design": design,
+               "budget": spec.steps, "seed": seed, "copied": copied,
+               "head_copied": same_labels and "head" in strategy["copy"], "distill": distill,
+               "train_losses": [t.entry() for t in terms], "task_weight": strategy.get("task_weight", 1.0),
+               "kd_teacher": None if kd_dir is None else str(kd_dir),
+               "test_samples": summary.pop("samples"), **summary}
     return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": student.state_dict()},
                    _arch(student, arch, size, variant, data, dataset), runtime)
 
@@ -359,10 +473,10 @@ def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path, runti
     settings = config.get("evaluation", {})
     x, _ = data.fixed_batch("test", min(settings.get("fidelity_samples", 64), data.num_samples("test")))
     x = runtime.batch(x)[0]
-    kl = attention_fidelity(teacher, model, x)
+    attention = attention_report(teacher, model, x)
     batch = settings.get("throughput_batch", 64)
-    result = {k: metrics[k] for k in ("dataset", "size", "variant", "init", "seed")}
-    result.update(test_acc=metrics["test_acc"], fidelity_kl=kl, fidelity_kl_mean=sum(kl) / len(kl),
+    result = {k: metrics[k] for k in ("dataset", "size", "variant", "init", "design", "budget", "seed")}
+    result.update(test_acc=metrics["test_acc"], **attention,
                   fidelity_samples=len(x), **parameter_counts(model),
                   throughput_img_s=throughput(model, x, batch_size=batch, runtime=runtime),
                   throughput_batch=batch, **runtime.describe(), threads=torch.get_num_threads())

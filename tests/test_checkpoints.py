@@ -359,9 +359,12 @@ def test_registers_and_distillation_token_get_no_weight_decay():
 def test_distillation_probe_size_comes_from_the_config(shards, tmp_path):
     cfg = config(steps=2)
     steps.run_teacher(cfg, "micro", 0, shards, tmp_path / "teacher")
-    m = steps.run_distill(cfg, "synthetic", "micro", "elu", 0, tmp_path / "teacher", shards, tmp_path / "d8")
+    cfg["init_strategies"]["copy_mlp_distill"] = {"copy": ["embed", "mlp", "norm", "head"], "distill": True}
+    m = steps.run_distill(cfg, "synthetic", "micro", "elu", "copy_mlp_distill", "mse", 0, tmp_path / "teacher",
+                          shards, tmp_path / "d8")
     assert m["probe_samples"] == 8
     del cfg["evaluation"]
-    m = steps.run_distill(cfg, "synthetic", "micro", "elu", 0, tmp_path / "teacher", shards, tmp_path / "d")
+    m = steps.run_distill(cfg, "synthetic", "micro", "elu", "copy_mlp_distill", "mse", 0, tmp_path / "teacher",
+                          shards, tmp_path / "d")
     assert m["probe_samples"] == 32  # the default 64, capped by the 32 test images
-    assert (tmp_path / "d" / "attention.safetensors").exists() and not (tmp_path / "d" / "checkpoint").exists()
+    assert (tmp_path / "d" / "model.safetensors").exists() and not (tmp_path / "d" / "checkpoint").exists()

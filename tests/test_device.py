@@ -120,8 +120,8 @@ def test_the_schema_checks_the_runtime_section():
 def test_every_computing_command_refuses_a_bad_device_before_any_compute(command, shards, tmp_path, capsys):
     out = tmp_path / "out"
     job = {"teacher": ["--size", "micro", "--seed", "0"],
-           "distill": ["--dataset", "synthetic", "--size", "micro", "--variant", "elu", "--seed", "0",
-                       "--teacher", str(tmp_path / "t")],
+           "distill": ["--dataset", "synthetic", "--size", "micro", "--variant", "elu", "--init", "random",
+                       "--design", "mse", "--seed", "0", "--teacher", str(tmp_path / "t")],
            "student": ["--dataset", "synthetic", "--size", "micro", "--variant", "elu", "--init", "random",
                        "--seed", "0", "--teacher", str(tmp_path / "t")],
            "evaluate": ["--run", str(tmp_path / "r"), "--teacher", str(tmp_path / "t")]}

@@ -33,7 +33,8 @@ CONFIG = {
                           "label_smoothing": 0.1, "eval_every": 8, "checkpoint_every": 4, "log_every": 1}},
     "student": {"train": {"steps": 4, "batch_size": 16, "lr": 1e-3}},
     "distill": {"loss": "mse", "train": {"steps": 6, "batch_size": 16, "lr": 1e-3, "log_every": 1}},
-    "init_strategies": {"random": {"copy": [], "distill": False}},
+    "init_strategies": {"random": {"copy": [], "distill": False},
+                        "copy_mlp_distill": {"copy": ["embed", "mlp", "norm", "head"], "distill": True}},
 }
 
 
@@ -153,7 +154,7 @@ def test_a_killed_two_process_job_resumes(setup, resume_with):
     assert all((a[k] - b[k]).abs().max() < 1e-4 for k in a)
 
 
-@pytest.mark.parametrize("loss", ["mse", "attn_ce"])
+@pytest.mark.parametrize("loss", ["proj_mse", "map_ce"])
 def test_distillation_under_two_processes_is_that_of_one(setup, loss):
     # The teacher-forced distillation calls blocks of two models, not one forward: the gradient
     # all-reduce serves it as it serves classification.
@@ -163,7 +164,8 @@ def test_distillation_under_two_processes_is_that_of_one(setup, loss):
 
     def distill(out, nproc):
         cmd = ["linvit", "distill", "--config", str(tmp / f"{loss}.yaml"), "--dataset", "synthetic",
-               "--size", "micro", "--variant", "elu", "--seed", "0", "--teacher", str(tmp / "one"),
+               "--size", "micro", "--variant", "elu", "--init", "copy_mlp_distill", "--design", loss,
+               "--seed", "0", "--teacher", str(tmp / "one"),
                "--shards", str(tmp / "shards"), "--out", str(out), "--threads", "1"]
         return run(["torchrun", "--standalone", f"--nproc-per-node={nproc}", "--no-python", *cmd]
                    if nproc > 1 else cmd, cwd=tmp)
@@ -174,8 +176,8 @@ def test_distillation_under_two_processes_is_that_of_one(setup, loss):
     assert [r["step"] for r in two] == list(range(1, 7))
     for a, b in zip(one, two):  # relative: the mse loss is ~5e-3 (measured: differences ~1e-7 of it)
         assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
-    a = load_file(tmp / f"d1-{loss}" / "attention.safetensors")
-    b = load_file(tmp / f"d2-{loss}" / "attention.safetensors")
+    a = load_file(tmp / f"d1-{loss}" / "model.safetensors")
+    b = load_file(tmp / f"d2-{loss}" / "model.safetensors")
     assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-4 for k in a)
 
 

@@ -26,14 +26,17 @@ def world(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("loss", ["mse", "attn_ce"])
+@pytest.mark.parametrize("loss", ["proj_mse", "map_ce"])
 @pytest.mark.parametrize("variant", [v for v in available_variants() if v != "softmax"])
 def test_every_operator_distills_trains_and_evaluates(world, tmp_path, variant, loss):
     config = {**CONFIG, "distill": {**CONFIG["distill"], "loss": loss}}
-    d = run_distill(config, "synthetic", "micro", variant, 0, world / "teacher", world / "shards", tmp_path / "d")
+    d = run_distill(config, "synthetic", "micro", variant, "copy_mlp_distill", loss, 0, world / "teacher",
+                    world / "shards", tmp_path / "d")
     assert d["distill_loss"] >= 0
     m = run_student(config, "synthetic", "micro", variant, "copy_mlp_distill", 0, world / "teacher",
-                    world / "shards", tmp_path / "s", distilled_dir=tmp_path / "d")
-    assert m["distill"]["loss"] == loss and 0 <= m["test_acc"] <= 1
+                    world / "shards", tmp_path / "s", distilled_dir=tmp_path / "d", design=loss, budget=2)
+    assert m["distill"]["loss"] == loss and m["steps"] == 2 and 0 <= m["test_acc"] <= 1
     e = run_evaluate(config, tmp_path / "s", world / "teacher", world / "shards", tmp_path / "s" / "eval.json")
-    assert len(e["fidelity_kl"]) == 4 and all(k >= -1e-6 for k in e["fidelity_kl"])
+    for metric in ("kl", "js", "corr"):
+        assert len(e[f"fidelity_{metric}"]) == 4
+    assert all(k >= -1e-6 for k in e["fidelity_kl"])

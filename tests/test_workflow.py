@@ -33,8 +33,8 @@ def snakemake(tmp, *args, check=True, snakefile=SNAKEFILE):
 def expected_jobs(config: dict) -> dict[str, int]:
     """The jobs of a whole grid, counted from linvit.grid and the config, not from the workflow."""
     students, references = grid.student_cells(config), grid.reference_cells(config)
-    distilling = {(c.dataset, c.size, c.variant, c.seed) for c in students
-                  if config["init_strategies"][c.init]["distill"]}
+    distilling = {c.distill_key for c in students if c.distills}
+    assert len(distilling) == len(grid.distill_cells(config))
     return {"shards": len(set(config["targets"]) | {config["teacher"]["dataset"]}),
             "teacher": len(config["sizes"]), "distill": len(distilling), "reference": len(references),
             "student": len(students), "evaluate": len(students) + len(references), "report": 1, "all": 1}
@@ -131,8 +131,11 @@ def test_every_file_a_job_reads_is_declared(tmp_path):
             assert {p.rsplit("/", 1)[1] for p in fields["output"]} == set(grid.MODEL_FILES)
             assert fields["benchmark"][0].startswith(f"{grid.RESULTS}/benchmarks/students/")
             assert f"{teacher}/model.safetensors" in fields["input"]
-            if "_distill/" in fields["output"][0]:
-                assert any(p.endswith("/attention.safetensors") for p in fields["input"])
+            # .../<init>/<design>/steps<budget>/seed<s>/<file>: a design other than none starts from
+            # its distillation's whole student.
+            design = fields["output"][0].split("/")[-4]
+            distilled = [p for p in fields["input"] if p.startswith(f"{grid.RESULTS}/distill/")]
+            assert (design != "none") == any(p.endswith(f"/{design}/seed0/model.safetensors") for p in distilled)
     for fields in by_rule["evaluate"]:
         run_dir = fields["output"][0].rsplit("/", 1)[0]
         assert {f"{run_dir}/model.json", f"{run_dir}/model.safetensors", f"{teacher}/model.json"} <= set(fields["input"])
@@ -243,8 +246,8 @@ def test_smoke_grid_end_to_end(tmp_path):
     snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
     runs = pd.read_csv(tmp_path / "results/runs.csv")
     config = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
-    expected = len(config["targets"]) * (len(config["variants"]) * len(config["inits"]) + 1)
-    assert len(runs) == expected and (runs["status"] == "ok").all()
+    assert len(runs) == len(grid.all_cells(config)) and (runs["status"] == "ok").all()
+    assert set(runs["budget"]) == set(config["budgets"]) and len(set(runs["design"]) - {"none"}) >= 3
     assert runs["test_acc"].between(0, 1).all() and runs["fidelity_kl_mean"].notna().all()
     assert (runs["params"] > 0).all() and (runs["throughput_img_s"] > 0).all()
     readme = (tmp_path / "report/README.md").read_text()
@@ -261,7 +264,7 @@ def test_smoke_grid_end_to_end(tmp_path):
         for stage in ("students", "evaluate"):
             assert "s\th:m:s" in cell.benchmark_path(stage, tmp_path / "results").read_text()
     assert (tmp_path / grid.benchmark_path("teacher", "micro")).exists()
-    assert len(list((tmp_path / "results/benchmarks/distill").rglob("*.tsv"))) == len(config["targets"])
+    assert len(list((tmp_path / "results/benchmarks/distill").rglob("*.tsv"))) == len(grid.distill_cells(config))
     # A second run has nothing to do.
     again = snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
     assert "Nothing to be done" in again.stdout + again.stderr

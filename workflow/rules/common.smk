@@ -12,7 +12,7 @@ import os
 import shlex
 
 from linvit import grid
-from linvit.config import trained_sizes
+from linvit.config import NO_DESIGN, design_specs, kd_reference, trained_sizes
 from linvit.grid import all_cells
 
 CELLS = all_cells(config)
@@ -31,6 +31,8 @@ wildcard_constraints:
     size=_alternatives(config["sizes"]),
     variant=_alternatives(config["variants"]),
     init=_alternatives(config["init_strategies"]),
+    design=_alternatives([*design_specs(config), NO_DESIGN]),
+    budget=r"\d+",
     seed=r"\d+",
 
 
@@ -136,12 +138,13 @@ def strategy(init):
 # Wildcard patterns of the paths, spelled by linvit.grid.
 SHARDS = grid.shards_dir("{dataset}")
 TEACHER_DIR = grid.teacher_dir("{size}")
-DISTILL_KEY = grid.distill_key("{dataset}", "{size}", "{variant}", "{seed}")
-DISTILL = grid.distill_dir("{dataset}", "{size}", "{variant}", "{seed}")
-RUN_KEY = grid.run_key("{dataset}", "{size}", "{variant}", "{init}", "{seed}")
-RUN = grid.run_dir("{dataset}", "{size}", "{variant}", "{init}", "{seed}")
-REFERENCE_KEY = grid.run_key("{dataset}", "{size}", grid.REFERENCE_VARIANT, grid.REFERENCE_INIT, "{seed}")
-REFERENCE = grid.run_dir("{dataset}", "{size}", grid.REFERENCE_VARIANT, grid.REFERENCE_INIT, "{seed}")
+DISTILL_KEY = grid.distill_key("{dataset}", "{size}", "{variant}", "{init}", "{design}", "{seed}")
+DISTILL = grid.distill_dir("{dataset}", "{size}", "{variant}", "{init}", "{design}", "{seed}")
+RUN_KEY = grid.run_key("{dataset}", "{size}", "{variant}", "{init}", "{seed}", "{design}", "{budget}")
+RUN = grid.run_dir("{dataset}", "{size}", "{variant}", "{init}", "{seed}", "{design}", "{budget}")
+_REF = ("{dataset}", "{size}", grid.REFERENCE_VARIANT, grid.REFERENCE_INIT, "{seed}", NO_DESIGN, "{budget}")
+REFERENCE_KEY = grid.run_key(*_REF)
+REFERENCE = grid.run_dir(*_REF)
 
 
 def teacher_model(wc):
@@ -162,20 +165,30 @@ def in_folder(key):
 
 
 def student_inputs(wc):
-    """Shards and teacher; for a distilling strategy, the distillation's metrics and attention weights."""
+    """Shards and teacher; after a distillation (design other than none), the distilled student
+    (stage 1); for logit distillation on a target whose labels the teacher does not share, the
+    softmax reference of the same budget, which then gives the logits (linvit.config.kd_reference)."""
     inputs = {"shards": grid.shards_dir(wc.dataset), **teacher_model(wc)}
-    if strategy(wc.init)["distill"]:
-        distill = grid.distill_dir(wc.dataset, wc.size, wc.variant, wc.seed)
-        inputs.update(distilled_metrics=f"{distill}/metrics.json",
-                      distilled_weights=f"{distill}/attention.safetensors")
+    if wc.design != NO_DESIGN:
+        distill = grid.distill_dir(wc.dataset, wc.size, wc.variant, wc.init, wc.design, wc.seed)
+        inputs.update(distilled_metrics=f"{distill}/metrics.json", distilled_json=f"{distill}/model.json",
+                      distilled_weights=f"{distill}/model.safetensors")
+    if kd_reference(config, wc.init, wc.dataset, wc.size):
+        ref = grid.run_dir(wc.dataset, wc.size, grid.REFERENCE_VARIANT, grid.REFERENCE_INIT, wc.seed,
+                           NO_DESIGN, wc.budget)
+        inputs.update(kd_metrics=f"{ref}/metrics.json", kd_json=f"{ref}/model.json",
+                      kd_weights=f"{ref}/model.safetensors")
     return inputs
 
 
 def distilled_option(wc, input):
-    """`--distilled FOLDER` for a distilling strategy, else nothing."""
+    """`--distilled FOLDER` after a distillation, `--kd-teacher FOLDER` with a logit teacher, else nothing."""
+    options = []
     if "distilled_weights" in input.keys():
-        return f"--distilled {shlex.quote(os.path.dirname(input.distilled_weights))}"
-    return ""
+        options.append(f"--distilled {shlex.quote(os.path.dirname(input.distilled_weights))}")
+    if "kd_weights" in input.keys():
+        options.append(f"--kd-teacher {shlex.quote(os.path.dirname(input.kd_weights))}")
+    return " ".join(options)
 
 
 # The operator benchmark is not part of `all` (it should run on an otherwise idle machine), so the
@@ -196,9 +209,8 @@ def report_inputs(wc):
         run = cell.run_dir()
         inputs += [f"{run}/metrics.json", f"{run}/train.jsonl", f"{run}/eval.json",
                    str(cell.benchmark_path("students")), str(cell.benchmark_path("evaluate"))]
-        if not cell.is_reference and strategy(cell.init)["distill"]:
-            inputs.append(grid.benchmark_path("distill", grid.distill_key(cell.dataset, cell.size,
-                                                                          cell.variant, cell.seed)))
+        if cell.distills:
+            inputs.append(grid.benchmark_path("distill", cell.distill_key))
     inputs += [grid.benchmark_path("teacher", size) for size in config["sizes"]]
     if WITH_BENCHMARK:
         inputs.append(grid.operator_benchmark_path())

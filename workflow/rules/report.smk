@@ -1,7 +1,9 @@
 # Aggregate results/ into results/{runs,curves}.csv and report/ (the files of linvit.grid.report_files).
 # `report_from_results` does the same from whatever results/ holds, without (re)training anything:
 # use it after --keep-going left gaps.
-REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "seeds", "teacher", "init_strategies", "claims")
+REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "seeds", "budgets", "distills", "distill_designs",
+                        "distill.loss", "student.train.steps", "teacher", "teachers", "datasets", "init_strategies",
+                        "claims")
 
 
 rule report:

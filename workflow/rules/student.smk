@@ -1,6 +1,7 @@
-# Distillation (one per dataset x size x variant x seed, shared by every distilling strategy),
-# the softmax reference, and the linear students. Each writes a folder: its declared outputs are
-# the files of grid.DISTILL_FILES / grid.MODEL_FILES (the checkpoint/ it resumes from is internal).
+# Distillation (stage 1: one per dataset x size x variant x init x design x seed, shared by every
+# budget), the softmax reference, and the linear students (stage 2, one per budget). Each writes a
+# folder: its declared outputs are the files of grid.DISTILL_FILES / grid.MODEL_FILES (the
+# checkpoint/ it resumes from is internal).
 rule distill:
     input:
         unpack(teacher_model),
@@ -9,7 +10,8 @@ rule distill:
         **files(DISTILL, grid.DISTILL_FILES),
     params:
         # evaluation: the probe batch is evaluation.fidelity_samples test images.
-        cfg=lambda wc: job_config("distill", "evaluation", "runtime", *input_keys(wc.dataset)),
+        cfg=lambda wc: job_config("distill", f"distill_designs.{wc.design}", f"init_strategies.{wc.init}",
+                                  "evaluation", "runtime", *input_keys(wc.dataset)),
         teacher=in_folder("teacher_json"),
         out=out_folder,
         launch=launcher,
@@ -25,8 +27,9 @@ rule distill:
         gpu=res("distill", "gpu", 0),
     shell:
         "{params.launch} linvit distill --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
-        " --variant {wildcards.variant} --seed {wildcards.seed} --teacher {params.teacher:q}"
-        " --shards {input.shards:q} --out {params.out:q} --threads {params.threads} > {log:q} 2>&1"
+        " --variant {wildcards.variant} --init {wildcards.init} --design {wildcards.design} --seed {wildcards.seed}"
+        " --teacher {params.teacher:q} --shards {input.shards:q} --out {params.out:q} --threads {params.threads}"
+        " > {log:q} 2>&1"
 
 
 # The softmax reference: the teacher trained on the target with the students' budget.
@@ -55,7 +58,8 @@ rule reference:
         gpu=res("student", "gpu", 0),
     shell:
         "{params.launch} linvit student --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
-        " --variant {params.variant} --init {params.init} --seed {wildcards.seed} --teacher {params.teacher:q}"
+        " --variant {params.variant} --init {params.init} --seed {wildcards.seed} --budget {wildcards.budget}"
+        " --teacher {params.teacher:q}"
         " --shards {input.shards:q} --out {params.out:q} --threads {params.threads} > {log:q} 2>&1"
 
 
@@ -82,6 +86,6 @@ rule student:
         gpu=res("student", "gpu", 0),
     shell:
         "{params.launch} linvit student --config-json {params.cfg:q} --dataset {wildcards.dataset} --size {wildcards.size}"
-        " --variant {wildcards.variant} --init {wildcards.init} --seed {wildcards.seed}"
-        " --teacher {params.teacher:q} --shards {input.shards:q}"
+        " --variant {wildcards.variant} --init {wildcards.init} --design {wildcards.design} --seed {wildcards.seed}"
+        " --budget {wildcards.budget} --teacher {params.teacher:q} --shards {input.shards:q}"
         " --out {params.out:q} {params.distilled} --threads {params.threads} > {log:q} 2>&1"

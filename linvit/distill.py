@@ -1,78 +1,23 @@
-"""Attention distillation: losses registered by name, and the teacher-forced distillation task.
+"""Distillation: train a linear student to reproduce its softmax teacher, by the terms of an objective.
 
-Teacher forcing: each student attention receives exactly the input the teacher's attention of the
-same block receives, so every block learns the teacher's token routing independently of what the
-rest of the student does. Only the student's attention parameters (attn and attn_extra) train.
+The losses, the terms and the objective live in linvit.losses; this is the training task on top.
+With `freeze=True` (the default) only the student's attention parameters (groups attn and
+attn_extra) train, as in attention transfer; with `freeze=False` every student parameter does.
+The teacher (and a separate logit teacher) never train.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .attention import attention_maps
-from .models import capture_attention
+from .losses import (LOSSES, Loss, Objective, Result, Term, Views, distill_loss, parse_terms,  # noqa: F401
+                     register_loss)
+from .models import capture_attention  # noqa: F401  (imported from here by callers and tests)
 from .transfer import parameter_group
 
-LOSSES: dict[str, callable] = {}
-
-
-def register_loss(name: str):
-    """Function decorator: make a distillation loss `(AttentionPair) -> scalar` selectable by name."""
-
-    def wrap(fn):
-        if name in LOSSES:
-            raise ValueError(f"distillation loss {name!r} is registered twice")
-        LOSSES[name] = fn
-        return fn
-
-    return wrap
-
-
-def distill_loss(name: str):
-    try:
-        return LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown distillation loss {name!r}; known losses: {', '.join(sorted(LOSSES))}") from None
-
-
-@dataclass
-class AttentionPair:
-    """One block's teacher and student attention on the teacher's input; tensors computed on demand."""
-
-    teacher: nn.Module
-    student: nn.Module
-    x: torch.Tensor
-    teacher_out: torch.Tensor
-
-    @cached_property
-    def student_out(self) -> torch.Tensor:
-        return self.student(self.x)
-
-    @cached_property
-    def teacher_maps(self) -> torch.Tensor:
-        with torch.no_grad():
-            return attention_maps(self.teacher, self.x)
-
-    @cached_property
-    def student_maps(self) -> torch.Tensor:
-        return attention_maps(self.student, self.x, grad=True)
-
-
-@register_loss("mse")
-def attention_output_mse(pair: AttentionPair) -> torch.Tensor:
-    """MSE between the attention outputs (after the output projection)."""
-    return F.mse_loss(pair.student_out, pair.teacher_out)
-
-
-@register_loss("attn_ce")
-def attention_map_cross_entropy(pair: AttentionPair, eps: float = 1e-8) -> torch.Tensor:
-    """Cross-entropy from the teacher's softmax rows to the student's row-normalized implicit matrix."""
-    return -(pair.teacher_maps * pair.student_maps.clamp_min(eps).log()).sum(-1).mean()
+__all__ = ["DistillTask", "attention_parameters", "capture_attention", "LOSSES", "Loss", "Objective",
+           "Result", "Term", "Views", "distill_loss", "parse_terms", "register_loss"]
 
 
 def attention_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -80,29 +25,44 @@ def attention_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
 
 
 class DistillTask:
-    """Train the student's attention to reproduce the teacher's, block by block (teacher-forced)."""
+    """Train the student on the objective of `terms` (Terms, config entries or loss names; a single
+    loss name stands for one term of that loss), reporting progress on a fixed `probe` batch.
 
-    def __init__(self, teacher: nn.Module, student: nn.Module, loss: str, probe: torch.Tensor):
+    `freeze=True`: only the student's attention parameters train; `freeze=False`: all of them.
+    `logit_teacher`: the model whose logits the logit losses read (default: the teacher).
+    `compiled_modules` (set by the caller to the student's attention modules) is what a compiled
+    run compiles; build the task before compiling (see Objective).
+    """
+
+    def __init__(self, teacher: nn.Module, student: nn.Module, terms, probe: torch.Tensor,
+                 freeze: bool = True, logit_teacher: nn.Module | None = None, key: str = "distill.losses"):
         self.teacher, self.model = teacher.eval(), student
-        self.loss_fn, self.loss_name = distill_loss(loss), loss
+        self.objective = Objective(teacher, student, terms, logit_teacher=logit_teacher, key=key)
+        self.terms = self.objective.terms
+        self.freeze = freeze
         self.probe = probe  # a fixed batch of images on which progress is reported
-        for p in teacher.parameters():
-            p.requires_grad_(False)
-        trainable = {n for n, _ in attention_parameters(student)}
+        trainable = {n for n, _ in self.trainable()}
         for n, p in student.named_parameters():
             p.requires_grad_(n in trainable)
 
-    def trainable(self):
-        return attention_parameters(self.model)
-
-    def pair_losses(self, x: torch.Tensor) -> list[torch.Tensor]:
-        pairs = capture_attention(self.teacher, x)
-        return [self.loss_fn(AttentionPair(tb.attn, sb.attn, t_in, t_out))
-                for tb, sb, (t_in, t_out) in zip(self.teacher.blocks, self.model.blocks, pairs)]
+    def trainable(self) -> list[tuple[str, nn.Parameter]]:
+        return attention_parameters(self.model) if self.freeze else list(self.model.named_parameters())
 
     def loss(self, x, y):
-        return torch.stack(self.pair_losses(x)).mean()
+        return self.objective(x).total
 
     def evaluate(self, final: bool) -> dict:
-        per_block = [l.item() for l in self.pair_losses(self.probe)]
-        return {"distill_loss": sum(per_block) / len(per_block), "distill_loss_per_block": per_block}
+        """On the probe batch: distill_loss (the objective), distill_terms {label: value} and, when
+        every term is block-scope, distill_loss_per_block: block l's sum_i weight_i * loss_i(l) over
+        the terms reading block l (None for a block no term reads; their mean is distill_loss when
+        every term reads every block)."""
+        with torch.no_grad():
+            r = self.objective(self.probe)
+        out = {"distill_loss": r.total.item(), "distill_terms": {k: v.item() for k, v in r.terms.items()}}
+        if all(t.spec.scope == "block" for t in self.terms):
+            per_block = [None] * len(self.model.blocks)
+            for term, label in zip(self.terms, self.objective.labels):
+                for l, value in r.per_block[label].items():
+                    per_block[l] = (per_block[l] or 0.0) + term.weight * value.item()
+            out["distill_loss_per_block"] = per_block
+        return out

@@ -28,7 +28,7 @@ LOSS_ALIASES = {"mse": "proj_mse", "attn_ce": "map_ce"}
 _KINDS = {
     "variant": ("register_attention", "attention/*.py", ("linvit.attention.base", "ATTENTION")),
     "source": ("register_source", "data/sources.py", ("linvit.data.sources", "SOURCES")),
-    "loss": ("register_loss", "distill.py", ("linvit.distill", "LOSSES")),
+    "loss": ("register_loss", "losses.py", ("linvit.losses", "LOSSES")),
 }
 
 
@@ -45,9 +45,12 @@ def _declared(kind: str) -> frozenset[str]:
 
 
 def names(kind: str) -> list[str]:
-    """Sorted names of `kind` ('variant', 'source' or 'loss') that a config may use."""
+    """Sorted names of `kind` ('variant', 'source' or 'loss') that a config may use; for losses the
+    registered names only, not the old names of LOSS_ALIASES."""
     found = set(_declared(kind))
     module, attr = _KINDS[kind][2]
     if module in sys.modules:  # registered at run time in this process (only if already imported)
         found |= set(getattr(sys.modules[module], attr))
+    if kind == "loss":
+        found -= set(LOSS_ALIASES)
     return sorted(found)

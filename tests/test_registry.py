@@ -4,17 +4,26 @@ registries themselves, and the Snakefile's imports stay torch-free."""
 import subprocess
 import sys
 
-from linvit.registry import _declared
+from linvit.registry import LOSS_ALIASES, _declared, names
 
 
 def test_names_read_from_source_equal_the_imported_registries():
     from linvit.attention import ATTENTION
     from linvit.data.sources import SOURCES
-    from linvit.distill import LOSSES
+    from linvit.losses import LOSSES
 
     assert _declared("variant") == set(ATTENTION)
     assert _declared("source") == set(SOURCES)
     assert _declared("loss") == set(LOSSES)
+
+
+def test_loss_aliases_name_registered_losses_and_are_not_listed():
+    from linvit.losses import LOSSES, distill_loss
+
+    assert set(LOSS_ALIASES.values()) <= set(LOSSES)
+    assert not set(LOSS_ALIASES) & set(names("loss"))
+    assert names("loss") == sorted(LOSSES)
+    assert all(distill_loss(old).name == new for old, new in LOSS_ALIASES.items())
 
 
 def test_config_checking_imports_neither_torch_nor_timm(repo):

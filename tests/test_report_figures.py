@@ -252,3 +252,140 @@ def test_attention_maps_mean_rows_and_empty(tmp_path, captured):
     assert panel_texts(captured["attention_maps"]) == ["no results"]
     # Only a teacher: its row is drawn.
     check_files(attention_maps(records[:1], tmp_path / "teacher"), "attention_maps", min_px=(50, 300))
+
+
+# -- accuracy by init and training curves: one category / line per (init, design), largest budget only ------
+
+LABELS = ["random", "copy_all", "distilled [kl]", "distilled [mse]"]
+
+
+def budget_runs(budgets=BUDGETS) -> pd.DataFrame:
+    """runs_frame whose reference also changes with the budget (so a mixed budget would show)."""
+    frame = runs_frame(budgets=budgets)
+    ref = frame["variant"] == "softmax"
+    frame.loc[ref, "test_acc"] += frame.loc[ref, "budget"] / 100000
+    return frame
+
+
+def curves_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """Five evaluations per finished run, every budget/4 steps, rising to the run's final accuracy."""
+    rows = []
+    for run in runs[runs["status"] == "ok"].itertuples():
+        for k in range(5):
+            rows.append({**{c: getattr(run, c) for c in figures.ID_COLUMNS}, "step": k * run.budget // 4,
+                         "epoch": k, "test_acc": run.test_acc * (k + 1) / 5, "elapsed_s": float(k)})
+    return pd.DataFrame(rows)
+
+
+def test_plotted_is_the_largest_budget_per_init_and_design():
+    runs = budget_runs()
+    shown = figures.plotted(runs, CONFIG)
+    assert shown.budget == 1600 and set(shown.data["budget"]) == {1600}
+    assert shown.lines == [("random", "none"), ("copy_all", "none"), ("distilled", "kl"), ("distilled", "mse")]
+    assert shown.labels == LABELS
+    students = shown.data[(shown.data["variant"] == "linA") & (shown.data["status"] == "ok")]
+    # datasets x sizes x seeds
+    assert students.groupby("line").size().to_dict() == {label: 2 * 2 * 2 for label in LABELS}
+    assert set(shown.data.loc[shown.data["variant"] == "softmax", "line"]) == {"reference"}
+    # An explicit budget.
+    assert set(figures.plotted(runs, CONFIG, budget=400).data["budget"]) == {400}
+    # A table without design and budget columns: design "none", one budget (NaN), every row.
+    old = figures.plotted(runs_frame(budgets=[500]).drop(columns=["design", "budget"]), CONFIG)
+    assert math.isnan(old.budget) and old.labels == ["random", "copy_all", "distilled"]
+    assert len(old.data) == len(runs_frame(budgets=[500]))
+
+
+def seed_points(ax) -> dict[int, list[float]]:
+    """The stripplot's points of a panel by category index (x rounded: jitter is under 0.5)."""
+    out = {}
+    for coll in ax.collections:
+        for x, y in coll.get_offsets():
+            out.setdefault(int(round(x)), []).append(round(float(y), 6))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_accuracy_by_init_largest_budget_designs_apart(tmp_path, captured):
+    runs = budget_runs()
+    paths = figures.accuracy_by_init(runs, CONFIG, tmp_path)
+    check_files(paths, "accuracy_by_init", min_px=(800, 400))
+    fig = captured["accuracy_by_init"]
+    assert fig._suptitle.get_text() == "Largest budget: 1600 steps (student training)"
+    ax = panel(fig, "dsA · linA · micro")[0]
+    assert ax.get_ylabel() == "test accuracy at 1600 steps"
+    assert [t.get_text() for t in ax.get_xticklabels()] == LABELS
+    # Seed points: each (init, design) at its own category, the two seeds at 1600 steps only.
+    expected = {i: sorted(round(accuracy(init, design, 1600, s), 6) for s in (0, 1))
+                for i, (init, design) in enumerate([("random", "none"), ("copy_all", "none"),
+                                                    ("distilled", "kl"), ("distilled", "mse")])}
+    assert seed_points(ax) == expected
+    # The reference at the same budget (mean over seeds), dashed.
+    ref = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert len(ref) == 1 and np.allclose(ref[0].get_ydata(), 0.805 + 1600 / 100000)
+    assert legend_labels(fig)[-1] == "softmax reference"
+    assert panel_texts(fig) == []  # dsB · linB · mini: no students, but its reference line
+
+
+def test_accuracy_by_init_older_table_and_grid_budget(tmp_path, captured):
+    # Without design and budget columns: one category per init, no budget in the labels.
+    old = runs_frame(budgets=[500]).drop(columns=["design", "budget"])
+    check_files(figures.accuracy_by_init(old, CONFIG, tmp_path), "accuracy_by_init")
+    fig = captured["accuracy_by_init"]
+    ax = panel(fig, "dsA · linA · micro")[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["random", "copy_all", "distilled"]
+    assert ax.get_ylabel() == "test accuracy" and fig._suptitle is None
+    # The old table cannot tell designs apart: kl and mse rows are both "distilled" (2 designs x 2 seeds).
+    assert len(seed_points(ax)[2]) == 4
+    # The largest budget is the grid's (every expected cell), not the largest with finished runs.
+    runs = budget_runs()
+    runs.loc[runs["budget"] == 1600, "status"] = "missing"
+    figures.accuracy_by_init(runs, CONFIG, tmp_path / "missing")
+    fig = captured["accuracy_by_init"]
+    assert panel_texts(fig).count("no results") == 8
+    assert fig._suptitle.get_text() == "Largest budget: 1600 steps (student training)"
+
+
+def test_training_curves_largest_budget_line_per_init_and_design(tmp_path, captured):
+    runs = budget_runs()
+    paths = figures.training_curves(curves_frame(runs), CONFIG, tmp_path)
+    check_files(paths, "training_curves", min_px=(800, 600))
+    fig = captured["training_curves"]
+    assert fig._suptitle.get_text() == "Largest budget: 1600 steps (student training)"
+    assert legend_labels(fig) == [*LABELS, "softmax reference"]
+    ax = panel(fig, "dsA · linA · micro")[0]
+    lines = ax.get_lines()
+    students = [line for line in lines if line.get_linestyle() != "--"]
+    reference = [line for line in lines if line.get_linestyle() == "--"]
+    assert len(students) == 4 and len(reference) == 1
+    # Only the 1600-step curves: steps 0, 400, ..., 1600, mean over seeds; one colour per (init, design).
+    for line, (init, design) in zip(students, [("random", "none"), ("copy_all", "none"), ("distilled", "kl"),
+                                               ("distilled", "mse")]):
+        assert list(line.get_xdata()) == [0, 400, 800, 1200, 1600]
+        final = (accuracy(init, design, 1600, 0) + accuracy(init, design, 1600, 1)) / 2
+        assert np.allclose(line.get_ydata(), [final * (k + 1) / 5 for k in range(5)])
+    assert len({line.get_color() if isinstance(line.get_color(), str) else tuple(line.get_color())
+                for line in students}) == 4
+    assert list(reference[0].get_xdata()) == [0, 400, 800, 1200, 1600]
+    assert np.isclose(reference[0].get_ydata()[-1], 0.805 + 1600 / 100000)
+    # An explicit budget draws that budget's curves.
+    figures.training_curves(curves_frame(runs), CONFIG, tmp_path / "b400", budget=400)
+    ax = panel(captured["training_curves"], "dsA · linA · micro")[0]
+    assert all(max(line.get_xdata()) == 400 for line in ax.get_lines())
+
+
+def test_write_figures_share_the_grid_budget_and_read_older_tables(tmp_path, captured):
+    runs = budget_runs()
+    curves = curves_frame(runs)
+    paths = figures.write_figures(runs, curves, CONFIG, tmp_path)
+    assert [p.name for p in paths] == ["accuracy_by_init.png", "accuracy_by_init.svg",
+                                       "training_curves.png", "training_curves.svg"]
+    ax = panel(captured["training_curves"], "dsA · linA · micro")[0]
+    assert all(max(line.get_xdata()) == 1600 for line in ax.get_lines())
+    # Older runs.csv / curves.csv without design and budget columns still draw.
+    old_runs = runs_frame(budgets=[500])
+    old_curves = curves_frame(old_runs).drop(columns=["design", "budget"])
+    paths = figures.write_figures(old_runs.drop(columns=["design", "budget"]), old_curves, CONFIG, tmp_path / "old")
+    for stem in ("accuracy_by_init", "training_curves"):
+        check_files([p for p in paths if p.stem == stem], stem)
+    fig = captured["training_curves"]
+    assert legend_labels(fig) == ["random", "copy_all", "distilled", "softmax reference"]
+    assert fig._suptitle is None

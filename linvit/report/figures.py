@@ -1,5 +1,6 @@
-"""The report's figures: accuracy by init strategy, test accuracy against training step and against
-the training budget, attention fidelity by block, and class-token attention maps on the patch grid.
+"""The report's figures: accuracy by init strategy and design, test accuracy against training step
+(both at the grid's largest budget) and against the training budget, attention fidelity by block,
+and class-token attention maps on the patch grid.
 
 Figures are drawn on explicit Agg-backed `Figure` objects (no pyplot), so the report never needs a
 display, never touches the caller's global matplotlib state, and leaks no open figures. Each is
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -37,60 +39,102 @@ FORMAT_METADATA = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"Cr
 
 
 def write_figures(runs: pd.DataFrame, curves: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
-    """Both figures; curves of runs that did not finish are left out, so the two figures show the same runs."""
+    """Accuracy by init and the training curves, both at the grid's largest budget (the largest in
+    `runs`, which lists every expected cell); curves of runs that did not finish are left out, so the
+    two figures show the same runs."""
+    runs, curves = _with_axes(runs), _with_axes(curves)
     finished = runs.loc[runs["status"] == "ok", ID_COLUMNS]
-    return accuracy_by_init(runs, config, out_dir) + training_curves(curves.merge(finished, on=ID_COLUMNS), config, out_dir)
+    budget = _largest_budget(runs)
+    return (accuracy_by_init(runs, config, out_dir, budget=budget)
+            + training_curves(curves.merge(finished, on=ID_COLUMNS), config, out_dir, budget=budget))
 
 
-def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
-    """Final test accuracy per init strategy: seed points, mean with std bars, reference as a dashed line."""
-    ok = runs[runs["status"] == "ok"]
-    inits = list(config["inits"])
-    fig, panels = _panel_grid(config, width=max(3.2, 0.45 * len(inits) + 1.0), height=3.0)
+class Plotted(NamedTuple):
+    """What a per-(init, design) figure draws: `data`, the rows at `budget` with a `line` column
+    (_line_label: "init", or "init [design]" for a distilling strategy; the softmax reference's rows
+    keep theirs), `lines`, the students' (init, design) pairs in order, `labels`, their labels, and
+    `budget`, the student steps shown (NaN for a table without budgets: every row)."""
+    data: pd.DataFrame
+    lines: list[tuple[str, str]]
+    labels: list[str]
+    budget: float
+
+
+def plotted(frame: pd.DataFrame, config: dict, budget: float | None = None) -> Plotted:
+    """`frame` (runs or curves; `design` and `budget` filled in when absent) at `budget`, by default
+    its largest, labelled per (init, design). The lines are those of the whole frame (every budget, every
+    status), in _lines' order, so categories and colours stay the same across figures and panels."""
+    frame = _with_axes(frame)
+    budget = _largest_budget(frame) if budget is None else float(budget)
+    lines = _lines(frame, config)
+    data = _at_budget(frame, budget)
+    data = data.assign(line=[_line_label(p) for p in zip(data["init"], data["design"])])
+    return Plotted(data, lines, [_line_label(line) for line in lines], budget)
+
+
+def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path, budget: float | None = None) -> list[Path]:
+    """Final test accuracy per init strategy and design ("init [design]"), at the largest budget of
+    the grid (or `budget`): seed points, mean with std bars, the reference (same budget) as a dashed line."""
+    grid = plotted(runs, config, budget)  # every expected cell: the grid's categories and largest budget
+    ok = grid.data[grid.data["status"] == "ok"]
+    labels = grid.labels
+    fig, panels = _panel_grid(config, width=max(3.2, 0.45 * len(labels) + 1.0), height=3.0)
     for (dataset, size, variant), ax in panels.items():
-        data = _select(ok, dataset, size, variant)
-        reference = _select(ok, dataset, size, REFERENCE_VARIANT)["test_acc"]
+        data = _select(ok, dataset, size, variant).dropna(subset=["test_acc"])
+        reference = _select(ok, dataset, size, REFERENCE_VARIANT)["test_acc"].dropna()
         if data.empty and reference.empty:
             _no_results(ax)
             continue
         if not data.empty:
-            sns.stripplot(data=data, x="init", y="test_acc", order=inits, ax=ax, color=SEED_COLOR, size=4, jitter=0.12)
-            sns.pointplot(data=data, x="init", y="test_acc", order=inits, ax=ax, errorbar="sd", color=MEAN_COLOR,
+            sns.stripplot(data=data, x="line", y="test_acc", order=labels, ax=ax, color=SEED_COLOR, size=4,
+                          jitter=0.12)
+            sns.pointplot(data=data, x="line", y="test_acc", order=labels, ax=ax, errorbar="sd", color=MEAN_COLOR,
                           linestyle="none", markers="_", markersize=14, err_kws={"linewidth": 1.2})
         if not reference.empty:
             ax.axhline(reference.mean(), **REFERENCE_STYLE)
-        ax.set_xticks(range(len(inits)), inits, rotation=45, ha="right")
+        ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
     handles = [Line2D([], [], color=SEED_COLOR, marker="o", linestyle="none", markersize=4, label="seed"),
                Line2D([], [], color=MEAN_COLOR, marker="_", linestyle="none", markersize=14, label="mean ± std over seeds")]
     if (ok["variant"] == REFERENCE_VARIANT).any():
         handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
-    _finish(fig, panels, xlabel="init strategy", ylabel="test accuracy", handles=handles)
+    at = _at_steps(grid.budget)
+    _finish(fig, panels, xlabel="init strategy [design]", ylabel="test accuracy" + (f" at {at}" if at else ""),
+            handles=handles)
+    if at:
+        fig.suptitle(f"Largest budget: {at} (student training)")
     return save_figure(fig, Path(out_dir) / ACCURACY_FIGURE)
 
 
-def training_curves(curves: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
-    """Test accuracy against step per init (hue; band = std over seeds), softmax reference dashed."""
-    inits = list(config["inits"])
-    palette = dict(zip(inits, _init_colors(len(inits))))
+def training_curves(curves: pd.DataFrame, config: dict, out_dir: str | Path, budget: float | None = None) -> list[Path]:
+    """Test accuracy against step, one line per init strategy and design (hue; band = std over seeds),
+    softmax reference dashed, at the largest budget of `curves` (or `budget`): curves of different
+    budgets have different lengths and learning-rate schedules, so they are not mixed."""
+    shown = plotted(curves, config, budget)
+    palette = dict(zip(shown.labels, _init_colors(len(shown.labels))))
     fig, panels = _panel_grid(config, width=4.2, height=3.0)
+    drawn, reference_drawn = set(), False
     for (dataset, size, variant), ax in panels.items():
-        data = _select(curves, dataset, size, variant)
-        reference = _select(curves, dataset, size, REFERENCE_VARIANT)
+        data = _select(shown.data, dataset, size, variant).dropna(subset=["step", "test_acc"])
+        reference = _select(shown.data, dataset, size, REFERENCE_VARIANT).dropna(subset=["step", "test_acc"])
         if data.empty and reference.empty:
             _no_results(ax)
             continue
         if not data.empty:
-            sns.lineplot(data=data, x="step", y="test_acc", hue="init", hue_order=inits, palette=palette,
+            sns.lineplot(data=data, x="step", y="test_acc", hue="line", hue_order=shown.labels, palette=palette,
                          errorbar="sd", ax=ax, legend=False)
+            drawn.update(data["line"])
         if not reference.empty:
             sns.lineplot(data=reference, x="step", y="test_acc", errorbar="sd", ax=ax,
                          label=REFERENCE_LABEL, legend=False, **REFERENCE_STYLE)
-    # Lines drawn with legend=False: build one shared legend from the fixed palette, listing only drawn inits.
-    shown = set(curves.loc[curves["variant"] != REFERENCE_VARIANT, "init"])
-    handles = [Line2D([], [], color=palette[i], label=i) for i in inits if i in shown]
-    if (curves["init"] == REFERENCE_INIT).any():
+            reference_drawn = True
+    # Lines drawn with legend=False: build one shared legend from the fixed palette, listing only drawn lines.
+    handles = [Line2D([], [], color=palette[label], label=label) for label in shown.labels if label in drawn]
+    if reference_drawn:
         handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
+    at = _at_steps(shown.budget)
     _finish(fig, panels, xlabel="training step", ylabel="test accuracy", handles=handles)
+    if at:
+        fig.suptitle(f"Largest budget: {at} (student training)")
     return save_figure(fig, Path(out_dir) / CURVES_FIGURE)
 
 
@@ -405,18 +449,41 @@ def _patch_images(rec: dict | None) -> np.ndarray | None:
 
 def _finished(runs: pd.DataFrame) -> pd.DataFrame:
     """The finished ("ok") runs, with `design` ('none') and `budget` (NaN) filled in when absent."""
-    ok = runs[runs["status"] == "ok"].copy()
-    if "design" not in ok:
-        ok["design"] = NO_DESIGN
-    ok["design"] = ok["design"].fillna(NO_DESIGN).astype(str)
-    ok["budget"] = pd.to_numeric(ok["budget"], errors="coerce") if "budget" in ok else float("nan")
-    return ok
+    return _with_axes(runs[runs["status"] == "ok"])
 
 
-def _lines(ok: pd.DataFrame, config: dict) -> list[tuple[str, str]]:
-    """The (init, design) pairs of the finished students: config's init order, then designs in the
-    order of config `distills` (else of appearance), designless first."""
-    students = ok[ok["variant"] != REFERENCE_VARIANT]
+def _with_axes(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of runs or curves with `design` ('none' where absent or empty) and `budget` (numeric;
+    NaN where absent: an older table, one budget) filled in."""
+    frame = frame.copy()
+    if "design" not in frame:
+        frame["design"] = NO_DESIGN
+    frame["design"] = frame["design"].fillna(NO_DESIGN).astype(str)
+    frame["budget"] = pd.to_numeric(frame["budget"], errors="coerce") if "budget" in frame else math.nan
+    return frame
+
+
+def _largest_budget(frame: pd.DataFrame) -> float:
+    """The largest budget in `frame` (after _with_axes); NaN when it has none."""
+    top = frame["budget"].max() if "budget" in frame else math.nan
+    return math.nan if pd.isna(top) else float(top)
+
+
+def _at_budget(frame: pd.DataFrame, budget: float) -> pd.DataFrame:
+    """The rows at `budget`; every row when `budget` is NaN (a table without budgets)."""
+    return frame if pd.isna(budget) else frame[frame["budget"] == budget]
+
+
+def _at_steps(budget: float) -> str:
+    """"1600 steps" ("2k steps"); "" for no budget."""
+    return "" if pd.isna(budget) else f"{_budget_label(budget)} steps"
+
+
+def _lines(frame: pd.DataFrame, config: dict) -> list[tuple[str, str]]:
+    """The (init, design) pairs of the students in `frame` (after _with_axes): config's init order,
+    then designs in the order of config `distills` (else of appearance), designless first. With
+    _line_label, the one ordering and labelling of every per-(init, design) figure."""
+    students = frame[frame["variant"] != REFERENCE_VARIANT]
     inits = list(config["inits"]) + [i for i in dict.fromkeys(students["init"]) if i not in config["inits"]]
     order = list(config.get("distills") or [])
     pairs = list(dict.fromkeys(zip(students["init"], students["design"])))

@@ -192,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
             "distilled", "kd-teacher")
     command("evaluate", cmd_evaluate, "attention fidelity, parameters and throughput of a run",
             "run", "teacher", "shards", "out")
+    from .convert import add_parser as add_convert_parser
+
+    add_convert_parser(sub)  # linvit convert: a teacher in, a linear ViT checkpoint and its summary out
     command("report", cmd_report, "aggregate results/ into tables, figures and claim verdicts",
             "results", "out", computes=False)
     mini = sub.add_parser("mini-paper-inputs", help="make mini_paper.yaml's JPEG ImageFolders and teacher file "

@@ -73,7 +73,7 @@ def test_mini_paper_plans_every_rule_of_the_paper_path(inputs):
     out = snakemake(tmp, "-n", "--cores", "2", "--configfile", str(tmp / "mini.yaml"))
     counts = job_counts(out.stdout)
     assert counts["teacher_pretrained"] == 1 and "teacher" not in counts
-    assert counts["shards"] == 2 and counts["distill"] == 4 and counts["reference"] == 2
+    assert counts["shards"] == 2 and counts["distill"] == 8 and counts["reference"] == 2
     assert counts["student"] == 32 and counts["evaluate"] == 34
 
 

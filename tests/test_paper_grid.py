@@ -36,14 +36,13 @@ def planned(tmp_path_factory):
 
 def test_paper_grid_plans_every_cell(planned):
     students, references = grid.student_cells(CONFIG), grid.reference_cells(CONFIG)
-    distilling = {(c.dataset, c.size, c.variant, c.seed) for c in students
-                  if CONFIG["init_strategies"][c.init]["distill"]}
+    distilling = grid.distill_cells(CONFIG)
     counts = job_counts(planned)
     assert counts["teacher_pretrained"] == 3 and "teacher" not in counts  # loaded, none trained
     assert counts["shards"] == len(CONFIG["targets"])
     assert counts["student"] == len(students) == 3168
     assert counts["reference"] == len(references) == 36
-    assert counts["distill"] == len(distilling)
+    assert counts["distill"] == len(distilling) == 792  # per (target, size, variant, init, design, seed)
     assert counts["evaluate"] == len(students) + len(references)
 
 

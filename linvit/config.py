@@ -109,6 +109,9 @@ def check_names(config: dict) -> None:
     if NO_DESIGN in known_designs:
         raise ConfigError(f"config key distill_designs: {NO_DESIGN!r} names the cells that do not distill; rename it")
     for name, design in known_designs.items():
+        if ("losses" in design) == ("phases" in design):
+            raise ConfigError(f"config key distill_designs.{name}: give either `losses` (one phase) or `phases`, "
+                              f"{'not both' if 'losses' in design else 'neither is given'}")
         for i, phase in enumerate(design.get("phases") or [design]):
             where = f"distill_designs.{name}" + (f".phases[{i}]" if "phases" in design else "")
             _check_terms(phase["losses"], f"{where}.losses", losses)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from linvit.attention import available_variants
-from linvit.config import ConfigError, validate
+from linvit.config import ConfigError, load_config, validate
 from linvit.grid import student_cells
 
 from conftest import REPO
@@ -29,16 +29,32 @@ def changed(base=DEFAULT, **updates):
     return config
 
 
-@pytest.mark.parametrize("config", [DEFAULT, SMOKE], ids=["default", "smoke"])
-def test_shipped_configs_are_valid(config):
-    validate(config)
+@pytest.mark.parametrize("name", ["default", "smoke", "budgets", "mini_paper"])
+def test_shipped_configs_are_valid(name):
+    validate(load_config(REPO / "workflow/config" / f"{name}.yaml"))
 
 
 def test_default_grid_covers_every_cell():
     cells = student_cells(DEFAULT)
-    assert len(cells) == 2 * 1 * 3 * 8 * 1
-    assert {c.init for c in cells} >= {"random", "copy_all", "copy_attn", "copy_mlp", "attn_only", "mlp_only",
-                                       "copy_mlp_distill", "distill_only"}
+    assert len(cells) == 2 * 1 * 1 * 6 * 2 * 1  # targets x sizes x variants x inits x budgets x seeds
+    assert {c.init for c in cells} == {"random", "copy_all", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill"}
+    assert {c.budget for c in cells} == {100, 400}
+    assert {c.design for c in cells} == {"none", "proj_mse"}
+
+
+def test_designs_cross_the_distilling_strategies_only():
+    config = changed(inits=["random", "copy_mlp_distill", "lolcats"], distills=["proj_mse", "map_js"])
+    cells = student_cells(config)
+    assert sorted({(c.init, c.design) for c in cells}) == [
+        ("copy_mlp_distill", "map_js"), ("copy_mlp_distill", "proj_mse"), ("lolcats", "lolcats"), ("random", "none")]
+    # Without `distills` or distill.loss, the first design defined is the axis.
+    config = changed(distills=None)
+    assert {c.design for c in student_cells(config) if c.init == "copy_mlp_distill"} == {"proj_mse"}
+
+
+def test_budgets_default_to_the_students_steps():
+    config = changed(budgets=None)
+    assert {c.budget for c in student_cells(config)} == {DEFAULT["student"]["train"]["steps"]}
 
 
 @pytest.mark.parametrize("updates, message", [
@@ -57,6 +73,19 @@ def test_default_grid_covers_every_cell():
     ({"student__train__steps": 10**8 + 1}, r"config key student.train.steps: 100000001 is greater than the maximum"),
     ({"teacher__train__steps": 0}, r"config key teacher.train.steps: 0 is less than the minimum of 1"),
     ({"student__train__lr_typo": 0.1}, r"student.train: Additional properties are not allowed \('lr_typo'"),
+    ({"distills": ["nope"]}, r"config key distills: unknown distillation design 'nope'; known distillation designs: "),
+    ({"init_strategies__lolcats__distill": "nope"}, r"config key init_strategies.lolcats.distill: unknown distillation design 'nope'"),
+    ({"distill_designs__map_js__losses": [{"loss": "map_xx"}]},
+     r"config key distill_designs.map_js.losses\[0\].loss: unknown distillation loss 'map_xx'; known .*map_js"),
+    ({"distill_designs__mohawk__phases": [{"losses": ["map_fro"], "fraction": 1.5}]},
+     r"config key distill_designs.mohawk.phases.0.fraction: 1.5 is greater than the maximum of 1"),
+    ({"init_strategies__deit_kd__train_losses": [{"loss": "logit_kd", "wieght": 1}]},
+     r"config key init_strategies.deit_kd.train_losses.0: "),
+    ({"budgets": [0]}, r"config key budgets.0: 0 is less than the minimum of 1"),
+    ({"distill_designs__none": {"losses": ["map_ce"]}}, r"config key distill_designs: 'none' names the cells that do not distill"),
+    ({"distill_designs__both": {"losses": ["map_ce"], "phases": [{"losses": ["map_ce"]}]}},
+     r"config key distill_designs.both: give either `losses` \(one phase\) or `phases`, not both"),
+    ({"distill_designs__neither": {"freeze": False}}, r"config key distill_designs.neither: give either .* neither is given"),
 ])
 def test_bad_config_is_one_clear_error(updates, message):
     with pytest.raises(ConfigError, match=message) as err:

@@ -241,6 +241,24 @@ def test_unknown_variant_fails_before_any_job(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_smoke_grid_runs_every_loss_design_axis_and_budget():
+    """The smoke grid exercises every registered distillation loss (in a design or a strategy's
+    train_losses), at least three designs, two of the literature's baselines and two budgets."""
+    from linvit.registry import names
+
+    used = set()
+    for design in SMOKE["distill_designs"].values():
+        for phase in design.get("phases") or [design]:
+            used |= {t if isinstance(t, str) else t["loss"] for t in phase["losses"]}
+    for init in SMOKE["inits"]:
+        used |= {t if isinstance(t, str) else t["loss"] for t in SMOKE["init_strategies"][init].get("train_losses", [])}
+    assert used == set(names("loss"))
+    assert len(SMOKE["distills"]) >= 3 and len(SMOKE["budgets"]) >= 2
+    baselines = [i for i in SMOKE["inits"] if SMOKE["init_strategies"][i].get("train_losses")
+                 or isinstance(SMOKE["init_strategies"][i]["distill"], str)]
+    assert len(baselines) >= 2
+
+
 def test_smoke_grid_end_to_end(tmp_path):
     before = sorted(p.name for p in (REPO / "report").iterdir()) if (REPO / "report").exists() else []
     snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))

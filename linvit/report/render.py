@@ -230,10 +230,10 @@ def _scaling_section(path: Path, report_dir: Path) -> tuple[str, list[Path]]:
 
 # One sentence under each figure (linvit.report.figures says how each is drawn).
 CAPTIONS = {
-    "accuracy_by_init": "Final test accuracy per init strategy: seeds as points, mean ± std over seeds, the softmax "
-                        "reference dashed.",
-    "training_curves": "Test accuracy against training step per init strategy (band: std over seeds), the softmax "
-                       "reference dashed.",
+    "accuracy_by_init": "Final test accuracy per init strategy [design] at the grid's largest budget: seeds as "
+                        "points, mean ± std over seeds, the softmax reference dashed.",
+    "training_curves": "Test accuracy against training step per init strategy [design] at the grid's largest budget "
+                       "(band: std over seeds), the softmax reference dashed.",
     "accuracy_by_budget": "Test accuracy against the training budget (log2 axis), one line per init strategy and "
                           "design through the mean over seeds, the softmax reference dashed.",
     "fidelity_by_block": "Attention fidelity to the teacher per block at the largest budget (mean over seeds): "

@@ -464,50 +464,76 @@ class Result:
     student_logits: torch.Tensor | None = None
 
 
-class _Recorder:
-    """A switch for hooks: they record while `on`."""
-
-    def __init__(self):
-        self.on = False
-
-
 class _Hook:
     """A forward (pre-)hook appending its module's input (args[0]) or output to `values` while its
-    recorder is on. A plain object, not a closure, so a model carrying it still deep-copies and
+    recording is on. A plain object, not a closure, so a model carrying it still deep-copies and
     pickles; and nothing of it names its block, so torch.compile traces one graph for every block's
     attention (a per-block constant in a hook is a per-block recompilation)."""
 
-    def __init__(self, recorder: _Recorder, what: str):
-        self.recorder, self.what, self.values = recorder, what, []
+    def __init__(self, recording: "_Recording", what: str):
+        self.recording, self.what, self.values = recording, what, []
 
     def __call__(self, module, args, output=None):
-        if self.recorder.on:
+        if self.recording.on:
             self.values.append(output if self.what == "output" else args[0])
 
 
-# kind -> (the module of a block it is read at, pre-hook (input) or hook (output))
+# kind -> (the module it is read at: a block's submodule, or the model's for "features"; its input
+# (a forward pre-hook) or its output (a forward hook))
 _CAPTURE = {"in": ("", "input"), "attn_in": ("attn", "input"), "pre": ("attn.proj", "input"),
-            "out": ("attn", "output"), "block": ("", "output")}
+            "out": ("attn", "output"), "block": ("", "output"), "features": ("norm", "output")}
+# What a student records: its attention's input, y, output and its blocks' outputs, and its final
+# features (the final norm's output: forward_features' result).
+_STUDENT_KINDS = ("attn_in", "pre", "out", "block")
 
 
-def _hooks(recorder: _Recorder, model: nn.Module, wanted) -> tuple[dict, list]:
-    """Hooks recording (kind, block) of `wanted` in model: {(kind, block): hook}, and their handles."""
-    hooks, handles = {}, []
-    for kind, l in sorted(wanted):
-        path, what = _CAPTURE[kind]
-        module = model.blocks[l].get_submodule(path)
-        hooks[(kind, l)] = hook = _Hook(recorder, what)
-        handles.append(module.register_forward_pre_hook(hook) if what == "input" else
-                       module.register_forward_hook(hook))
-    return hooks, handles
+class _Recording:
+    """Hooks recording `wanted` (kind, block) tensors of a ViT while `on` (block None: features)."""
+
+    def __init__(self, model: nn.Module, wanted):
+        self.on, self.hooks, self.handles = False, {}, []
+        for kind, l in sorted(wanted, key=lambda w: (w[0], -1 if w[1] is None else w[1])):
+            path, what = _CAPTURE[kind]
+            module = model.get_submodule(path) if l is None else model.blocks[l].get_submodule(path)
+            self.hooks[(kind, l)] = hook = _Hook(self, what)
+            self.handles.append(module.register_forward_pre_hook(hook) if what == "input" else
+                                module.register_forward_hook(hook))
+
+    def collect(self) -> dict:
+        """What each hook recorded last, by (kind, block); the hooks emptied."""
+        out = {key: h.values[-1] for key, h in self.hooks.items() if h.values}
+        for h in self.hooks.values():
+            h.values.clear()
+        return out
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles, self.hooks = [], {}
 
 
-def _collect(hooks: dict) -> dict:
-    """What each hook recorded last, by (kind, block); the hooks emptied."""
-    out = {key: h.values[-1] for key, h in hooks.items() if h.values}
-    for h in hooks.values():
-        h.values.clear()
-    return out
+_RECORDING = "_linvit_recording"  # the attribute of a student holding its recording hooks
+
+
+def student_recording(model: nn.Module) -> _Recording:
+    """The student's recording hooks: every block's attention input, y, attention output and output,
+    and the final features; registered once per model and shared by every objective on it, so that a
+    second objective (a design's next phase) needs no hooks a compiled model would ignore."""
+    rec = model.__dict__.get(_RECORDING)
+    if rec is None:
+        wanted = {(kind, l) for kind in _STUDENT_KINDS for l in range(len(model.blocks))}
+        if isinstance(getattr(model, "norm", None), nn.Module):
+            wanted.add(("features", None))
+        rec = _Recording(model, wanted)
+        model.__dict__[_RECORDING] = rec
+    return rec
+
+
+def remove_recording(model: nn.Module) -> None:
+    """Take the recording hooks objectives put on `model` off it (they cost nothing while off)."""
+    rec = model.__dict__.pop(_RECORDING, None)
+    if rec is not None:
+        rec.remove()
 
 
 def _select_tokens(t: torch.Tensor, maps: bool, prefix: int) -> torch.Tensor:
@@ -521,15 +547,16 @@ def _select_tokens(t: torch.Tensor, maps: bool, prefix: int) -> torch.Tensor:
 class Objective:
     """sum_i weight_i * loss_i of `terms` (Terms, config entries or loss names) for the student.
 
-    Per batch: one teacher forward (no gradients) with hooks on the blocks the terms read; one
-    student forward with hooks only when a term runs end to end (or student logits are asked for);
-    teacher-forced terms run the student's `block.attn` (block_l2: the whole block) module by module
-    on the teacher's captured inputs, for their blocks only. `logit_teacher` (default: the teacher)
-    gives the logits of the logit losses: a model with the student's label space.
+    Per batch: one teacher forward (no gradients) with hooks on what the terms read; one student
+    forward (`student(x)`, so a compiled student runs compiled) with hooks only when a term runs end
+    to end or the student's logits are asked for; teacher-forced terms run the student's
+    `block.attn` (block_l2: the whole block) module by module on the teacher's captured inputs,
+    for their blocks only. `logit_teacher` (default: the teacher) gives the logits of the logit
+    losses: a model with the student's label space. The teachers never receive gradients.
 
-    Hooks on the student are registered once, here (they record only while the objective runs), so
-    build the objective before compiling the student's modules (torch.compile ignores hooks added
-    later). `close()` removes them.
+    The student's hooks are registered once per student, by the first objective on it (they record
+    only while an objective runs; see `student_recording`), so build the first objective before
+    compiling the student (torch.compile ignores hooks added later).
     """
 
     def __init__(self, teacher: nn.Module, student: nn.Module, terms, logit_teacher: nn.Module | None = None,
@@ -542,9 +569,8 @@ class Objective:
             for p in model.parameters():
                 p.requires_grad_(False)
         self.labels = _unique([t.label for t in self.terms])
-        block_terms = [t for t in self.terms if t.spec.scope == "block"]
         depth = len(student.blocks)
-        if block_terms and len(teacher.blocks) != depth:
+        if any(t.spec.scope == "block" for t in self.terms) and len(teacher.blocks) != depth:
             raise ValueError(f"the teacher has {len(teacher.blocks)} blocks and the student {depth}: "
                              f"block terms compare them block by block")
         self.blocks = [t.block_indices(depth) if t.spec.scope == "block" else [] for t in self.terms]
@@ -552,38 +578,31 @@ class Objective:
         if any(t.tokens == "patch" for t in self.terms) and getattr(student, "num_prefix_tokens", 0) != self.prefix:
             raise ValueError(f"the teacher has {self.prefix} prefix tokens and the student "
                              f"{getattr(student, 'num_prefix_tokens', 0)}: tokens 'patch' needs them equal")
-        # What each model's forward must record: teacher (kind, block); student end to end (kind, block).
-        self._teacher_kinds, student_e2e, student_pre = set(), set(), set()
+        # What the teacher's forward records, and what the student's own forward must have recorded.
+        self._teacher_kinds, self._student_kinds = set(), set()
         for term, blocks in zip(self.terms, self.blocks):
-            reads = term.spec.reads
             for l in blocks:
-                for r in reads:
+                for r in term.spec.reads:
                     self._teacher_kinds.add(("attn_in" if r == "maps" else r, l))
-                    if r == "pre":
-                        student_pre.add(l)
                     if term.forced:
                         self._teacher_kinds.add(("in" if r == "block" else "attn_in", l))
                     else:
-                        student_e2e.add(("attn_in" if r == "maps" else r, l))
+                        self._student_kinds.add(("attn_in" if r == "maps" else r, l))
         model_reads = {r for t in self.terms if t.spec.scope == "model" for r in t.spec.reads}
-        self._teacher_features = "features" in model_reads
-        self._logits = "logits" in model_reads
-        self._end_to_end = bool(student_e2e or model_reads)
-        self._student_e2e = student_e2e
-        self._recorder = _Recorder()
-        self._hooks, self._handles = _hooks(self._recorder, student,
-                                            student_e2e | {("pre", l) for l in student_pre})
+        if "features" in model_reads:
+            for name, model in (("teacher", teacher), ("student", student)):
+                if not isinstance(getattr(model, "norm", None), nn.Module):
+                    raise ValueError(f"the {name} has no final norm module `norm` to read its features at")
+            self._teacher_kinds.add(("features", None))
+            self._student_kinds.add(("features", None))
+        self._teacher_logits = "logits" in model_reads
+        self._end_to_end = bool(self._student_kinds or model_reads)
+        self._recording = student_recording(student)
 
     @property
     def end_to_end(self) -> bool:
         """Whether the student runs its own forward on every batch (an end-to-end term)."""
         return self._end_to_end
-
-    def close(self) -> None:
-        """Remove the hooks this objective put on the student."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
 
     def __call__(self, x: torch.Tensor, student_logits: bool = False) -> Result:
         """The objective on images x; `student_logits=True` also returns the student's logits (from the
@@ -611,70 +630,69 @@ def _unique(labels: list[str]) -> list[str]:
     return out
 
 
+def _forward(model: nn.Module, x: torch.Tensor, recording: _Recording, logits: bool):
+    """Run model on x while `recording` records; its logits (model(x)) or None (forward_features)."""
+    recording.collect()
+    recording.on = True
+    try:
+        if logits:
+            return model(x)
+        model.forward_features(x)
+        return None
+    finally:
+        recording.on = False
+
+
 class _Batch:
-    """One batch's captured tensors, and the student tensors computed from them on first use."""
+    """One batch's recorded tensors, and the student tensors computed from them on first use."""
 
     def __init__(self, objective: Objective, x: torch.Tensor, want_logits: bool):
         self.o, self.cache = objective, {}
-        teacher, student, rec = objective.teacher, objective.student, objective._recorder
+        teacher, student = objective.teacher, objective.student
         # The teacher: one forward, no gradients, hooks on what the terms read.
-        capture = _Recorder()
-        hooks, handles = _hooks(capture, teacher, objective._teacher_kinds)
-        same_logits = objective.logit_teacher is teacher
-        self.teacher_features = self.teacher_logits = None
+        same = objective.logit_teacher is teacher
+        self.teacher_logits = None
+        recording = _Recording(teacher, objective._teacher_kinds)
         try:
-            capture.on = True
             with torch.no_grad():
-                if handles or objective._teacher_features or (objective._logits and same_logits):
-                    feats = teacher.forward_features(x)
-                    self.teacher_features = feats
-                    if objective._logits and same_logits:
-                        self.teacher_logits = teacher.forward_head(feats)
-                if objective._logits and not same_logits:
+                if objective._teacher_kinds or (objective._teacher_logits and same):
+                    self.teacher_logits = _forward(teacher, x, recording, objective._teacher_logits and same)
+                if objective._teacher_logits and not same:
                     self.teacher_logits = objective.logit_teacher(x)
+            self.teacher = recording.collect()
         finally:
-            for h in handles:
-                h.remove()
-        self.teacher = _collect(hooks)
+            recording.remove()
         # The student: its own forward, only when a term runs end to end or its logits are asked for.
-        self.student, self.student_features, self.student_logits = {}, None, None
+        self.student, self.student_logits = {}, None
         if objective._end_to_end or want_logits:
-            _collect(objective._hooks)
-            rec.on = True
-            try:
-                feats = student.forward_features(x)
-                self.student_features = feats
-                if objective._logits or want_logits:
-                    self.student_logits = student.forward_head(feats)
-            finally:
-                rec.on = False
-            self.student = _collect(objective._hooks)
-            missing = objective._student_e2e - set(self.student)
+            self.student_logits = _forward(student, x, objective._recording, True)
+            self.student = objective._recording.collect()
+            missing = objective._student_kinds - set(self.student)
             if missing:
                 raise RuntimeError(f"the student's forward hooks did not record {sorted(missing)}: build the "
-                                   f"objective before compiling the student (torch.compile ignores hooks added later)")
+                                   f"first objective before compiling the student (torch.compile ignores hooks "
+                                   f"added later)")
 
     # -- the student's teacher-forced tensors, each computed once per batch
     def _forced_attention(self, l: int) -> tuple[torch.Tensor | None, torch.Tensor]:
         key = ("forced_attn", l)
         if key not in self.cache:
-            rec, hooks = self.o._recorder, self.o._hooks
-            _collect(hooks)
+            rec = self.o._recording
+            rec.collect()
             rec.on = True
             try:
                 out = self.o.student.blocks[l].attn(self.teacher[("attn_in", l)])
             finally:
                 rec.on = False
-            pre = _collect(hooks).get(("pre", l))
-            self.cache[key] = (pre, out)
+            self.cache[key] = (rec.collect().get(("pre", l)), out)
         return self.cache[key]
 
     def _raw(self, side: str, read: str, l: int | None, forced: bool) -> torch.Tensor:
         o = self.o
         if l is None:  # model scope
-            if read == "features":
-                return self.teacher_features if side == "teacher" else self.student_features
-            return self.teacher_logits if side == "teacher" else self.student_logits
+            if read == "logits":
+                return self.teacher_logits if side == "teacher" else self.student_logits
+            return (self.teacher if side == "teacher" else self.student)[("features", None)]
         if side == "teacher":
             if read == "maps":
                 return self._cached(("t_maps", l), lambda: attention_maps(
@@ -693,8 +711,8 @@ class _Batch:
         pre, out = self._forced_attention(l)
         if read == "pre":
             if pre is None:
-                raise RuntimeError(f"the student's attention of block {l} ran without its proj hook "
-                                   f"(compiled before the objective was built?)")
+                raise RuntimeError(f"the student's attention of block {l} ran without its proj hook: build "
+                                   f"the first objective before compiling the student")
             return pre
         return out
 

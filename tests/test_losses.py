@@ -2,6 +2,7 @@
 
 import copy
 import math
+import pickle
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch
 from linvit.attention import softmax_attention_maps
 from linvit.distill import DistillTask, attention_parameters
 from linvit.losses import (LOSSES, Objective, Term, Views, distill_loss, js_rows, kl_rows, map_correlation,
-                           parse_terms, register_loss)
+                           parse_terms, register_loss, remove_recording)
 from linvit.models import build_vit, capture_attention
 from linvit.registry import LOSS_ALIASES
 from linvit.transfer import parameter_group
@@ -301,7 +302,6 @@ def test_forced_runs_the_students_attention_on_the_teachers_input_end_to_end_on_
         objective(x)
         for h in hooks:
             h.remove()
-        objective.close()
         assert len(seen) == len(expected)
         assert all(torch.allclose(s, e, atol=1e-6) for s, e in zip(seen, expected))
     assert not torch.allclose(teacher_in[1], student_in[1])  # the two inputs differ indeed
@@ -443,22 +443,59 @@ def test_freeze_trains_only_attention_and_no_freeze_trains_the_rest_too(freeze, 
         assert {parameter_group(n) for n in moved} >= {"attn", "mlp", "norm", "embed"}
 
 
-def test_a_compiled_students_attention_gives_the_eager_values_without_recompiling_per_block(pair, x):
+TERMS = ["out_mse", {"loss": "map_ce", "forced": False}, "hidden_mse", "block_l2", "feat_cos"]
+
+
+def test_compiled_attention_gives_the_eager_values_without_recompiling_per_block(pair, x):
     from torch._dynamo.utils import counters
 
     teacher, student = pair
-    compiled = copy.deepcopy(student)
-    terms = ["out_mse", {"loss": "map_ce", "forced": False}, "hidden_mse", "block_l2"]
-    eager = Objective(teacher, student, terms)(x)
-    objective = Objective(teacher, compiled, terms)  # hooks first, then compile (as DistillTask's users do)
+    eager = Objective(teacher, student, TERMS)(x)
+    compiled = micro("elu", seed=1)
+    Objective(teacher, compiled, ["proj_mse"])  # the first objective hooks the student, then it compiles
     torch._dynamo.reset()
     counters.clear()
-    for b in compiled.blocks:
-        b.attn.compile(backend="aot_eager")
-    got = objective(x)
-    # One graph per way of calling (teacher-forced; in the student's forward, recording; inside a
-    # teacher-forced block, not recording), the same for all 4 blocks: no per-block recompilation.
-    assert counters["stats"]["unique_graphs"] <= 3 < len(compiled.blocks)
-    for label in eager.terms:
-        assert got.terms[label].item() == pytest.approx(eager.terms[label].item(), rel=1e-5), label
+    try:
+        for b in compiled.blocks:
+            b.attn.compile(backend="aot_eager")
+        Objective(teacher, compiled, ["proj_mse"])(x)
+        # A later objective (a design's next phase) on the compiled student reads what it needs.
+        got = Objective(teacher, compiled, TERMS)(x)
+        # One graph per way of calling (teacher-forced; in the student's forward, recording; inside a
+        # teacher-forced block, not recording), the same for all 4 blocks: no per-block recompilation.
+        assert counters["stats"]["unique_graphs"] <= 3 < len(compiled.blocks)
+        for label in eager.terms:
+            assert got.terms[label].item() == pytest.approx(eager.terms[label].item(), rel=1e-5), label
+    finally:
+        torch._dynamo.reset()
+
+
+def test_a_compiled_whole_student_runs_compiled_and_gives_its_logits(pair, x):
+    from torch._dynamo.utils import counters
+
+    teacher, student = pair
+    student.eval()
+    eager = Objective(teacher, student, ["logit_kd", "feat_cos"])(x, student_logits=True)
+    compiled = micro("elu", seed=1).eval()
+    objective = Objective(teacher, compiled, ["logit_kd", "feat_cos"])
     torch._dynamo.reset()
+    counters.clear()
+    try:
+        compiled.compile(backend="aot_eager")  # as fit compiles a ClassifyTask's model
+        got = objective(x, student_logits=True)
+        assert counters["stats"]["unique_graphs"] >= 1  # the student's forward went through torch.compile
+        assert torch.allclose(got.student_logits, eager.student_logits, atol=1e-5)
+        assert torch.allclose(got.total, eager.total, atol=1e-5)
+    finally:
+        torch._dynamo.reset()
+
+
+def test_a_hooked_student_copies_pickles_and_unhooks(pair, x):
+    teacher, student = pair
+    Objective(teacher, student, ["hidden_mse"])
+    clone = copy.deepcopy(student)
+    pickle.loads(pickle.dumps(student))
+    remove_recording(clone)  # the copy's hooks only: the original still records
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in clone.modules())
+    assert Objective(teacher, student, ["hidden_mse"])(x).total > 0
+    assert Objective(teacher, clone, ["hidden_mse"])(x).total > 0  # a new objective hooks it again

@@ -43,26 +43,3 @@ def copy_groups(student: nn.Module, teacher: nn.Module, groups, *, copy_head: bo
         p.copy_(source[name])
         copied[group] += p.numel()
     return copied
-
-
-def attention_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The attention parameters (attn and attn_extra groups) of a model, by name."""
-    return {n: p.detach().clone() for n, p in model.named_parameters()
-            if parameter_group(n) in ("attn", "attn_extra")}
-
-
-@torch.no_grad()
-def load_attention_state(model: nn.Module, state: dict[str, torch.Tensor]) -> int:
-    """Load attention parameters saved by `attention_state`; returns how many values were loaded."""
-    params = dict(model.named_parameters())
-    expected = {n for n in params if parameter_group(n) in ("attn", "attn_extra")}
-    if set(state) != expected:
-        missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-        raise ValueError(f"distilled attention does not match the student: missing {missing[:3]}, "
-                         f"unexpected {extra[:3]}")
-    for name, tensor in state.items():
-        if params[name].shape != tensor.shape:
-            raise ValueError(f"distilled attention does not match the student: {name!r} shape "
-                             f"{tuple(tensor.shape)} != {tuple(params[name].shape)}")
-        params[name].copy_(tensor)
-    return sum(t.numel() for t in state.values())

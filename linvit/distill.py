@@ -2,7 +2,8 @@
 
 The losses, the terms and the objective live in linvit.losses; this is the training task on top.
 With `freeze=True` (the default) only the student's attention parameters (groups attn and
-attn_extra) train, as in attention transfer; with `freeze=False` every student parameter does.
+attn_extra) train, as in attention transfer; with `freeze=False` every student parameter does; with
+a list of parameter groups, every parameter but those groups' (the copied groups, say) does.
 The teacher (and a separate logit teacher) never train.
 """
 
@@ -28,14 +29,15 @@ class DistillTask:
     """Train the student on the objective of `terms` (Terms, config entries or loss names; a single
     loss name stands for one term of that loss), reporting progress on a fixed `probe` batch.
 
-    `freeze=True`: only the student's attention parameters train; `freeze=False`: all of them.
+    `freeze=True`: only the student's attention parameters train; `freeze=False`: all of them; a
+    list of parameter groups: all but theirs.
     `logit_teacher`: the model whose logits the logit losses read (default: the teacher).
     `compiled_modules` (set by the caller to the student's attention modules) is what a compiled
     run compiles; build the task before compiling (see Objective).
     """
 
     def __init__(self, teacher: nn.Module, student: nn.Module, terms, probe: torch.Tensor,
-                 freeze: bool = True, logit_teacher: nn.Module | None = None, key: str = "distill.losses"):
+                 freeze: bool | list[str] = True, logit_teacher: nn.Module | None = None, key: str = "distill.losses"):
         self.teacher, self.model = teacher.eval(), student
         self.objective = Objective(teacher, student, terms, logit_teacher=logit_teacher, key=key)
         self.terms = self.objective.terms
@@ -46,7 +48,10 @@ class DistillTask:
             p.requires_grad_(n in trainable)
 
     def trainable(self) -> list[tuple[str, nn.Parameter]]:
-        return attention_parameters(self.model) if self.freeze else list(self.model.named_parameters())
+        if self.freeze is True:
+            return attention_parameters(self.model)
+        frozen = set(self.freeze or ())
+        return [(n, p) for n, p in self.model.named_parameters() if parameter_group(n) not in frozen]
 
     def loss(self, x, y):
         return self.objective(x).total

@@ -316,7 +316,9 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, init: str, 
                                                          shards_dir, runtime)
     copied = copy_groups(student, teacher, strategy["copy"], copy_head=same_labels)
     phases = _phases(spec, _spec(config, "distill.train"), f"distill_designs.{design}")
-    terms = [parse_terms(phase["losses"], f"distill_designs.{design}.losses") for phase, _ in phases]
+    where = [f"distill_designs.{design}" + (f".phases[{i}]" if "phases" in spec else "") + ".losses"
+             for i in range(len(phases))]
+    terms = [parse_terms(phase["losses"], key) for (phase, _), key in zip(phases, where)]
     teacher, student = teacher.to(runtime.device), student.to(runtime.device)
     fingerprint = _fingerprint({**config, "init_strategy": strategy, "design": spec},
                                ["distill.train", "design", "init_strategy", "evaluation.fidelity_samples",
@@ -330,7 +332,10 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, init: str, 
     desc = f"distill {dataset}/{size}/{variant}/{init}/{design}"
     summaries = []
     for i, ((phase, train), phase_terms) in enumerate(zip(phases, terms)):
-        task = DistillTask(teacher, student, phase_terms, probe, freeze=phase.get("freeze", True))
+        freeze = phase.get("freeze", True)
+        if freeze == "copied":  # what the strategy copied stays the teacher's; the rest trains
+            freeze = [group for group, count in copied.items() if count]
+        task = DistillTask(teacher, student, phase_terms, probe, freeze=freeze)
         # Teacher-forced terms call the student's attention modules one by one (compiled there).
         task.compiled_modules = lambda: [block.attn for block in student.blocks]
         if len(phases) == 1:
@@ -350,8 +355,12 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, init: str, 
                "loss": "+".join(dict.fromkeys(t["loss"] for t in losses)), "losses": losses,
                "phase_steps": [s["steps"] for s in summaries], "copied": copied,
                "head_copied": same_labels and "head" in strategy["copy"], "probe_samples": len(probe), **summary}
-    return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": student.state_dict()},
-                   _arch(student, arch, size, variant, data, dataset), runtime)
+    metrics = _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": student.state_dict()},
+                      _arch(student, arch, size, variant, data, dataset), runtime)
+    if len(phases) > 1 and runtime.world.main:  # like checkpoint/: internal once the step is complete
+        for i in range(len(phases)):
+            shutil.rmtree(out_dir / f"phase{i}", ignore_errors=True)
+    return metrics
 
 
 def _fit_phase(task, spec: TrainSpec, data, phase_dir: Path, *, seed: int, desc: str, fingerprint: dict,

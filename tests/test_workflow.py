@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from linvit import grid
+from linvit.config import kd_reference
 from linvit.attention import available_variants
 
 from conftest import REPO, run
@@ -136,10 +137,18 @@ def test_every_file_a_job_reads_is_declared(tmp_path):
             design = fields["output"][0].split("/")[-4]
             distilled = [p for p in fields["input"] if p.startswith(f"{grid.RESULTS}/distill/")]
             assert (design != "none") == any(p.endswith(f"/{design}/seed0/model.safetensors") for p in distilled)
+            # Logit distillation on a target the teacher does not share labels with reads the softmax
+            # reference of the same budget (linvit.config.kd_reference).
+            dataset, init, budget = fields["output"][0].split("/")[2], fields["output"][0].split("/")[5], \
+                fields["output"][0].split("/")[-3]
+            reference = f"{grid.RESULTS}/students/{dataset}/micro/softmax/reference/none/{budget}/seed0/model.safetensors"
+            needs = rule == "student" and kd_reference(SMOKE, init, dataset, "micro")
+            assert needs == (reference in fields["input"]), fields["output"][0]
     for fields in by_rule["evaluate"]:
         run_dir = fields["output"][0].rsplit("/", 1)[0]
         assert {f"{run_dir}/model.json", f"{run_dir}/model.safetensors", f"{teacher}/model.json"} <= set(fields["input"])
         assert fields["benchmark"][0].startswith(f"{grid.RESULTS}/benchmarks/evaluate/")
+    assert any(kd_reference(SMOKE, i, "synthetic_b", "micro") for i in SMOKE["inits"])
     (report,) = by_rule["report"]
     assert set(report["output"]) == set(grid.report_files(False))
     cells = grid.all_cells(SMOKE)

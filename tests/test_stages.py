@@ -1,0 +1,112 @@
+"""The two stages of a student: a design's phases (stage 1), and training with losses against the
+teacher beside the task's (stage 2), as the steps run them."""
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from linvit.steps import load_model, run_distill, run_shards, run_student, run_teacher
+from linvit.transfer import parameter_group
+
+CONFIG = {
+    "seeds": [0], "sizes": ["micro"], "variants": ["elu"], "targets": ["synthetic"], "inits": ["lolcats"],
+    "datasets": {"synthetic": {"source": "synthetic", "num_classes": 4, "train_samples": 64, "test_samples": 16},
+                 "other": {"source": "synthetic", "num_classes": 3, "train_samples": 48, "test_samples": 12,
+                           "seed": 1}},
+    "shards": {"samples_per_shard": 64},
+    "teacher": {"dataset": "synthetic", "train": {"steps": 4, "batch_size": 16, "lr": 2e-3}},
+    "student": {"train": {"steps": 3, "batch_size": 16, "lr": 1e-3}},
+    "distill": {"train": {"steps": 5, "batch_size": 16, "lr": 1e-3, "log_every": 1}},
+    "distill_designs": {"mohawk": {"phases": [{"losses": ["map_fro"], "fraction": 0.4}, {"losses": ["block_l2"]}]},
+                        "e2e": {"losses": ["hidden_mse", {"loss": "logit_kd", "weight": 0.1}], "freeze": False},
+                        "e2e_copied": {"losses": ["hidden_mse"], "freeze": "copied"},
+                        "e2e_attention": {"losses": ["hidden_mse"]}},
+    "init_strategies": {
+        "mohawk": {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": "mohawk", "task_weight": 0.0,
+                   "train_losses": [{"loss": "logit_kd"}]},
+        "recipe": {"copy": ["embed", "mlp", "norm", "head"], "distill": True},
+        "mlp_random": {"copy": ["embed", "norm", "head"], "distill": True},
+        "deit_kd": {"copy": [], "distill": False, "task_weight": 0.5,
+                    "train_losses": [{"loss": "logit_kd", "weight": 0.5}]},
+    },
+    "evaluation": {"fidelity_samples": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stages")
+    for name in ("synthetic", "other"):
+        run_shards(CONFIG, name, root / name)
+    run_teacher(CONFIG, "micro", 0, root / "synthetic", root / "teacher")
+    return root
+
+
+def test_phases_split_the_budget_run_in_order_and_leave_one_student(world, tmp_path):
+    out = tmp_path / "d"
+    m = run_distill(CONFIG, "synthetic", "micro", "elu", "mohawk", "mohawk", 0, world / "teacher",
+                    world / "synthetic", out)
+    assert m["phase_steps"] == [2, 3] and m["steps"] == 5 and m["loss"] == "map_fro+block_l2"
+    assert [t["phase"] for t in m["losses"]] == [0, 1]
+    records = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in records if r["kind"] == "train"] == [0, 0, 1, 1, 1]
+    # One student, like any model folder; the phases' folders are gone like checkpoint/.
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "metrics.json", "model.json",
+                                                     "model.safetensors", "train.jsonl"]
+    model, arch = load_model(out)
+    assert arch["variant"] == "elu"
+    # Frozen (the default): only attention moved away from the copied teacher.
+    teacher = load_file(str(world / "teacher" / "model.safetensors"))
+    for name, value in model.state_dict().items():
+        if parameter_group(name) in ("mlp", "norm", "embed") and name in teacher:
+            assert (value == teacher[name]).all(), name
+
+
+def test_an_unfrozen_design_trains_every_parameter(world, tmp_path):
+    m = run_distill(CONFIG, "synthetic", "micro", "elu", "recipe", "e2e", 0, world / "teacher",
+                    world / "synthetic", tmp_path / "d")
+    model, _ = load_model(tmp_path / "d")
+    teacher = load_file(str(world / "teacher" / "model.safetensors"))
+    assert m["copied"]["mlp"] > 0
+    assert any(not (v == teacher[n]).all() for n, v in model.state_dict().items()
+               if parameter_group(n) == "mlp")
+
+
+def test_freezing_the_copied_groups_trains_the_others(world, tmp_path):
+    # mlp_random copies embed, norm and head: with freeze "copied" those stay the teacher's and the
+    # random MLPs train beside the attention; with freeze true (attention only) the MLPs stay at init.
+    runs = {}
+    for design in ("e2e_copied", "e2e_attention"):
+        m = run_distill(CONFIG, "synthetic", "micro", "elu", "mlp_random", design, 0, world / "teacher",
+                        world / "synthetic", tmp_path / design)
+        assert m["copied"]["norm"] > 0 and m["copied"]["mlp"] == 0
+        runs[design] = load_model(tmp_path / design)[0].state_dict()
+    teacher = load_file(str(world / "teacher" / "model.safetensors"))
+    copied, attention = runs["e2e_copied"], runs["e2e_attention"]
+    for name, value in copied.items():
+        group = parameter_group(name)
+        if group in ("norm", "embed", "head"):
+            assert (value == teacher[name]).all(), name
+        if group == "mlp":
+            assert not (value == attention[name]).all(), name
+
+
+def test_stage_two_starts_from_the_distilled_student_and_adds_its_losses(world, tmp_path):
+    run_distill(CONFIG, "synthetic", "micro", "elu", "mohawk", "mohawk", 0, world / "teacher",
+                world / "synthetic", tmp_path / "d")
+    m = run_student(CONFIG, "synthetic", "micro", "elu", "mohawk", 0, world / "teacher", world / "synthetic",
+                    tmp_path / "s", distilled_dir=tmp_path / "d", design="mohawk", budget=2)
+    assert m["budget"] == 2 and m["steps"] == 2 and m["task_weight"] == 0.0
+    assert m["train_losses"] == [{"loss": "logit_kd"}] and m["distill"]["design"] == "mohawk"
+    assert m["copied"]["attn"] > 0  # the distillation's copy, carried over
+
+
+def test_logit_losses_on_other_labels_read_the_given_teacher(world, tmp_path):
+    # On a target of 3 classes the teacher's head is untrained: the softmax reference gives the logits.
+    ref = run_student(CONFIG, "other", "micro", "softmax", "reference", 0, world / "teacher", world / "other",
+                      tmp_path / "ref", budget=2)
+    assert ref["variant"] == "softmax"
+    m = run_student(CONFIG, "other", "micro", "elu", "deit_kd", 0, world / "teacher", world / "other",
+                    tmp_path / "s", budget=2, kd_dir=tmp_path / "ref")
+    assert m["kd_teacher"] == str(tmp_path / "ref") and m["distill"] is None and m["task_weight"] == 0.5

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 __all__ = ["add_parser", "main", "convert", "load_converted"]
@@ -680,23 +679,14 @@ def _patch(model) -> int:
 
 
 def _latency(model, shape, rt, seconds: float) -> float:
-    """Milliseconds per image of a forward at `shape`, after two warm-up forwards; at least 5 runs
-    and `seconds` of them. On CUDA the clock reads after a synchronize."""
+    """Milliseconds per image of a forward at `shape` (batch first), from the harness's own
+    throughput measurement (linvit.evaluate.throughput: warm-up, then at least `seconds` of runs)."""
     import torch
 
-    x = torch.randn(*shape, device=rt.device)
-    sync = (lambda: torch.cuda.synchronize(rt.device)) if rt.cuda else (lambda: None)
-    with torch.no_grad(), rt.autocast():
-        for _ in range(2):
-            model(x)
-        sync()
-        runs, start = 0, time.perf_counter()
-        while runs < 5 or time.perf_counter() - start < seconds:
-            model(x)
-            runs += 1
-        sync()
-        elapsed = time.perf_counter() - start
-    return round(elapsed / runs / shape[0] * 1e3, 4)
+    from .evaluate import throughput
+
+    example = torch.randn(1, *shape[1:])
+    return round(1e3 / throughput(model, example, batch_size=shape[0], seconds=seconds, runtime=rt), 4)
 
 
 def _cuda_peak(model, shape, rt) -> float:

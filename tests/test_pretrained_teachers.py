@@ -49,7 +49,7 @@ def teacher_files(tmp):
 
 
 def config(tmp):
-    cfg = {k: SMOKE[k] for k in ("seeds", "student", "distill", "init_strategies", "evaluation")}
+    cfg = {k: SMOKE[k] for k in ("seeds", "student", "distill", "distill_designs", "init_strategies", "evaluation")}
     cfg.update(
         sizes=["deit", "regvit"], variants=["elu"], targets=["jpegs"],
         inits=["random", "copy_all", "copy_mlp_distill"],
@@ -95,14 +95,14 @@ def test_students_follow_the_teacher_architecture(ran):
     from linvit.steps import load_model
 
     for size, blocks, width, prefix in (("deit", 12, 192, 1), ("regvit", 2, 64, 5)):
-        run = grid.run_dir("jpegs", size, "elu", "copy_all", 0, tmp / "results")
+        run = grid.run_dir("jpegs", size, "elu", "copy_all", 0, "none", 3, tmp / "results")
         student, arch = load_model(run)
         assert model_variant(student) == "elu" and len(student.blocks) == blocks
         assert student.embed_dim == width and student.num_prefix_tokens == prefix
         assert student.head.out_features == 3 and tuple(student.patch_embed.img_size) == (32, 32)
         teacher = json.loads((tmp / "results/teacher" / size / "model.json").read_text())
         assert teacher["source"] == "file" and teacher["timm_model"] in ("deit_tiny_patch16_224", "vit_base_patch16_224")
-    reg, _ = load_model(grid.run_dir("jpegs", "regvit", "elu", "copy_all", 0, tmp / "results"))
+    reg, _ = load_model(grid.run_dir("jpegs", "regvit", "elu", "copy_all", 0, "none", 3, tmp / "results"))
     assert reg.reg_token.shape[1] == 4 and reg.blocks[0].ls1.gamma.shape == (64,)
 
 
@@ -112,7 +112,8 @@ def test_copied_groups_are_the_teachers_resampled(ran):
     tmp, _, _ = ran
     from linvit.steps import load_model
 
-    metrics = json.loads((tmp / grid.run_dir("jpegs", "deit", "elu", "copy_all", 0) / "metrics.json").read_text())
+    metrics = json.loads((tmp / grid.run_dir("jpegs", "deit", "elu", "copy_all", 0, "none", 3) / "metrics.json")
+                         .read_text())
     assert metrics["copied"]["mlp"] > 0 and metrics["copied"]["head"] == 0  # another label space: new head
     teacher, _ = load_model(tmp / "results/teacher/deit", what="teacher")
     assert teacher.pos_embed.shape[1] == 1 + 14 * 14
@@ -126,8 +127,8 @@ def _run_step(tmp, cfg, dataset_spec, size="deit"):
     from linvit.steps import run_shards
 
     run_shards(cfg, "bad", tmp / "bad_shards", workers=1)
-    return lambda: run_distill(cfg, "bad", size, "elu", 0, tmp / "results/teacher" / size, tmp / "bad_shards",
-                               tmp / "bad_out", runtime=cpu_runtime())
+    return lambda: run_distill(cfg, "bad", size, "elu", "copy_mlp_distill", "mse", 0, tmp / "results/teacher" / size,
+                               tmp / "bad_shards", tmp / "bad_out", runtime=cpu_runtime())
 
 
 @pytest.mark.parametrize("spec, message", [

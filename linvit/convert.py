@@ -139,24 +139,13 @@ def _shape_text(shape: dict) -> str:
             f"patch {shape['patch_size']}")
 
 
-def _sidecar(file: Path) -> dict:
-    """timm's config.json beside a weights file ({} when there is none or it does not parse: the
-    loader says why when it reads the file)."""
-    path = file.with_name("config.json")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _resolve_teacher(args) -> dict:
     """Where the teacher comes from, and its architecture built on the meta device (no weights, no
     compute): {kind, label, arch, meta, entry (the `teachers:` entry for a name/file), dir (a folder)}."""
     import torch
 
     from .io import read_json
-    from .teachers import _check_vit, describe
+    from .teachers import describe, pretrained_architecture, timm_config
 
     given = str(args.teacher)
     path = Path(given).expanduser()
@@ -178,14 +167,12 @@ def _resolve_teacher(args) -> dict:
     if path.is_file():
         if path.suffix not in WEIGHT_SUFFIXES:
             raise ConvertError(f"teacher {path} is a file but not a weights file ({', '.join(WEIGHT_SUFFIXES)})")
-        sidecar = _sidecar(path)
-        name = args.model or sidecar.get("architecture")
+        name = args.model or timm_config(path).get("architecture")
         if not name:
             raise ConvertError(f"teacher weights file {path}: give --model TIMM_NAME (its architecture); there is "
                                f"no timm config.json beside it naming one")
-        options = {**(sidecar.get("model_args") or {}), **model_args}
         entry = {"model": name, "file": str(path.resolve()), **({"model_args": model_args} if model_args else {})}
-        kind, label = "file", f"{name} (file {path})"
+        kind, label, file = "file", f"{name} (file {path})", path
     else:
         looks_like_path = os.sep in given or given.startswith((".", "~")) or given.endswith(WEIGHT_SUFFIXES)
         import timm
@@ -193,16 +180,11 @@ def _resolve_teacher(args) -> dict:
         if looks_like_path or not timm.is_model(given):
             raise ConvertError(f"teacher {given!r} does not exist: it is neither a folder, a weights file nor a "
                                f"timm model name")
-        name, options = given, model_args
+        name, file = given, None
         entry = {"model": name, **({"model_args": model_args} if model_args else {})}
         kind, label = "hub", name
-    build = {k: v for k, v in options.items() if k not in ("num_classes", "in_chans")}
-    if "img_size" not in build:
-        size = (sidecar.get("pretrained_cfg") or {}).get("input_size") if kind == "file" else None
-        if size:
-            build["img_size"] = tuple(size[1:])
-    with torch.device("meta"):
-        meta = _check_vit(name, build)
+    # The architecture the steps will load it into (linvit.teachers), on the meta device.
+    meta, options, _, _ = pretrained_architecture(name, file=file, model_args=model_args)
     arch = describe(meta, timm_model=name, model_args=options, source=kind)
     return {"kind": kind, "label": label, "arch": arch, "meta": meta, "entry": entry, "dir": None}
 

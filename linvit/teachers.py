@@ -185,14 +185,12 @@ def _first_mismatch(model: nn.Module, state: dict) -> str | None:
     return f"unexpected {extra!r}" if extra is not None else None
 
 
-def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = None) -> tuple[VisionTransformer, dict]:
-    """A pretrained teacher and its arch: timm's published weights (hub or its local cache), or a file.
-
-    A file is read by `load_weights` and passed through timm's ViT checkpoint filter (foreign
-    layouts, another position-embedding size) into the architecture at its native image size; its
-    classes and channels are those of the file's head and patch embedding.
-    """
-    sidecar = _sidecar(file) if file is not None else {}
+def pretrained_architecture(timm_model: str, *, file=None, model_args: dict | None = None
+                            ) -> tuple[VisionTransformer, dict, dict, dict]:
+    """What `load_pretrained` builds, on the meta device (no weights, no memory): the model, its
+    options without geometry, the options it is built with (plus the native img_size), and the timm
+    config.json beside `file` ({} for none)."""
+    sidecar = timm_config(file) if file is not None else {}
     # The options the weights were made with: the config.json's (timm's hub layout), then the caller's.
     given = {**sidecar.get("model_args", {}), **(model_args or {})}
     model_args = {k: v for k, v in given.items() if k not in _GEOMETRY}
@@ -201,7 +199,17 @@ def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = Non
     native = given.get("img_size") or (
         (sidecar.get("pretrained_cfg") or {}).get("input_size") or [None])[1:] or None
     build_args = {**model_args, **({"img_size": _pair(native)} if native else {})}
-    meta = _check_vit(timm_model, build_args)
+    return _check_vit(timm_model, build_args), model_args, build_args, sidecar
+
+
+def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = None) -> tuple[VisionTransformer, dict]:
+    """A pretrained teacher and its arch: timm's published weights (hub or its local cache), or a file.
+
+    A file is read by `load_weights` and passed through timm's ViT checkpoint filter (foreign
+    layouts, another position-embedding size) into the architecture at its native image size; its
+    classes and channels are those of the file's head and patch embedding.
+    """
+    meta, model_args, build_args, sidecar = pretrained_architecture(timm_model, file=file, model_args=model_args)
     if file is None:
         try:
             model = timm.create_model(timm_model, pretrained=True, **model_args)
@@ -242,7 +250,7 @@ def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = Non
     return model.eval(), arch
 
 
-def _sidecar(file) -> dict:
+def timm_config(file) -> dict:
     """timm's config.json beside a weights file (what push_to_hf_hub and save_timm_checkpoint
     write), or {} when there is none; a config.json that does not parse is an error naming it."""
     path = Path(file).with_name("config.json")

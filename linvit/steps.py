@@ -412,23 +412,25 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     strategy = init_strategy(config, init)
     train = dict(get(config, "student.train"), **({"steps": int(budget)} if budget is not None else {}))
     spec = TrainSpec.from_dict(train, "student.train")
-    data, teacher, arch, student, same_labels = _student(config, dataset, size, variant, seed, teacher_dir,
-                                                         shards_dir, runtime)
-    inputs = {"data": data.dir / MANIFEST, "teacher_weights": Path(teacher_dir) / "model.safetensors"}
+    if design != NO_DESIGN and distilled_dir is None:
+        raise ValueError(f"init strategy {init!r} with design {design!r} starts from a distillation: "
+                         f"pass the distillation folder")
     distill = None
-    if design != NO_DESIGN:
-        if distilled_dir is None:
-            raise ValueError(f"init strategy {init!r} with design {design!r} starts from a distillation: "
-                             f"pass the distillation folder")
+    if design != NO_DESIGN:  # stage 1's student, copies and all
+        data, teacher, arch, same_labels = _teacher(config, dataset, size, teacher_dir, shards_dir, runtime)
         distilled_dir = Path(distilled_dir)
         info = read_json(distilled_dir / "metrics.json", what="distillation metrics")
-        inputs["distilled"] = distilled_dir / "model.safetensors"
         student, _ = load_model(distilled_dir, what="distilled student")
         copied = info["copied"]
         distill = {"design": design, "loss": info["loss"], "steps": info["steps"], "time_s": info["train_time_s"],
                    "final_loss": info["final_loss"]}
     else:
+        data, teacher, arch, student, same_labels = _student(config, dataset, size, variant, seed, teacher_dir,
+                                                             shards_dir, runtime)
         copied = copy_groups(student, teacher, strategy["copy"], copy_head=same_labels)
+    inputs = {"data": data.dir / MANIFEST, "teacher_weights": Path(teacher_dir) / "model.safetensors"}
+    if distill:
+        inputs["distilled"] = distilled_dir / "model.safetensors"
     extra = strategy.get("train_losses")
     terms = parse_terms(extra, f"init_strategies.{init}.train_losses") if extra else []
     logit_teacher = None

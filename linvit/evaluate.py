@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -20,22 +21,48 @@ from .transfer import group_sizes
 
 @torch.no_grad()
 def accuracy(model: nn.Module, data, split: str = "test", *, batch_size: int = 256,
-             limit: int | None = None, runtime: Runtime | None = None) -> dict:
+             limit: int | None = None, runtime: Runtime | None = None, record: dict | None = None) -> dict:
     """Top-1 accuracy on (the first `limit` samples of) a split, in eval mode, on the model's device
     (under the caller's autocast context, if any). Under torchrun each rank counts its share of every
-    batch and the counts are summed, so every rank returns the accuracy on the whole split."""
+    batch and the counts are summed, so every rank returns the accuracy on the whole split.
+
+    `record`: a dict to fill with "pred" and "label", int64 numpy arrays of every sample in the
+    split's fixed order (gathered over the ranks), for the report's per-image statistics; the
+    returned dict stays small (it goes into train.jsonl and metrics.json)."""
     runtime = runtime or cpu_runtime()
     world = runtime.world
     was_training = model.training
     model.eval()
     correct = total = 0
+    preds, labels = [], []
     for x, y in data.batches(split, batch_size, limit=limit, rank=world.rank, ranks=world.size):
         x, y = runtime.batch(x, y)
-        correct += (model(x).argmax(dim=-1) == y).sum().item()
+        pred = model(x).argmax(dim=-1)
+        correct += (pred == y).sum().item()
         total += y.numel()
+        if record is not None:
+            preds.append(pred.cpu().numpy())
+            labels.append(y.cpu().numpy())
     model.train(was_training)
     correct, total = (int(v) for v in world.sum(correct, total))
+    if record is not None:
+        record["pred"] = _gathered(preds, total, batch_size, world)
+        record["label"] = _gathered(labels, total, batch_size, world)
     return {"test_acc": correct / max(total, 1), "samples": total}
+
+
+def _gathered(parts: list[np.ndarray], total: int, batch_size: int, world) -> np.ndarray:
+    """One rank's shares of the global batches -> the whole split in order. Rank r holds samples
+    [r*n//ranks, (r+1)*n//ranks) of each global batch of n (linvit.data.loader's batches), so each
+    rank places its values and a sum over ranks fills every slot once (values shifted by 1: 0 = empty)."""
+    if world.size == 1:
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+    full = np.zeros(total, dtype=np.float64)
+    for i, part in enumerate(parts):
+        n = min(batch_size, total - i * batch_size)
+        start = i * batch_size + world.rank * n // world.size
+        full[start:start + len(part)] = part + 1
+    return np.asarray(world.sum(*full.tolist()), dtype=np.int64) - 1
 
 
 def _eval_maps(model: nn.Module, x: torch.Tensor) -> list[tuple[nn.Module, torch.Tensor]]:

@@ -91,6 +91,9 @@ PRETRAINED_FILES = ("metrics.json", "model.json", "model.safetensors", "config.j
 # Files of a distillation folder: the whole student after stage 1 (a design may train more than its
 # attention), which stage 2 starts from.
 DISTILL_FILES = MODEL_FILES
+# Files of a stage-2 folder (students and the softmax reference): a trained model's, plus every test
+# image's prediction from the final evaluation (linvit.predictions), which the claims' statistics pair.
+STUDENT_FILES = (*MODEL_FILES, "predictions.npz")
 
 
 def run_key(dataset: str, size: str, variant: str, init: str, seed, design, budget) -> str:

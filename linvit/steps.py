@@ -31,6 +31,7 @@ from .losses import Objective, parse_terms
 from .evaluate import accuracy, attention_report, parameter_counts, throughput
 from .io import code_version, file_sha256, provenance, read_json, remove_stale_temps, write_json, write_safetensors
 from .models import build_vit, model_name
+from .predictions import PREDICTIONS, split_digest, write_predictions
 from .registry import SOFTMAX
 from .train import TrainSpec, fit, live_log_path, publish_log
 from .teachers import adapt, build_model, check_fit, describe, load_pretrained
@@ -90,6 +91,7 @@ class ClassifyTask:
         self.model, self.data, self.spec = model, data, spec
         self.runtime = runtime or cpu_runtime()
         self.objective, self.task_weight = objective, task_weight
+        self.final_predictions: dict | None = None  # filled by the final evaluation
         self.mixup = None
         if mixup:
             from timm.data import Mixup
@@ -117,8 +119,10 @@ class ClassifyTask:
         return torch.sum(-y * F.log_softmax(logits, dim=-1), dim=-1).mean()  # y: mixup's soft labels
 
     def evaluate(self, final: bool) -> dict:
+        # The final evaluation keeps every test image's prediction (run_student writes them).
+        self.final_predictions = {} if final else None
         return accuracy(self.model, self.data, limit=None if final else self.spec.eval_samples,
-                        runtime=self.runtime)
+                        runtime=self.runtime, record=self.final_predictions)
 
 
 def _spec(config: dict, key: str) -> TrainSpec:
@@ -464,6 +468,9 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
                "train_losses": [t.entry() for t in terms], "task_weight": strategy.get("task_weight", 1.0),
                "kd_teacher": None if kd_dir is None else str(kd_dir),
                "test_samples": summary.pop("samples"), **summary}
+    if runtime.world.main:  # before metrics.json, which marks the run complete
+        write_predictions(out_dir / PREDICTIONS, task.final_predictions["pred"], task.final_predictions["label"],
+                          split_digest(data.info))
     return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": student.state_dict()},
                    _arch(student, arch, size, variant, data, dataset), runtime)
 

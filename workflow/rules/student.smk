@@ -1,6 +1,6 @@
 # Distillation (stage 1: one per dataset x size x variant x init x design x seed, shared by every
 # budget), the softmax reference, and the linear students (stage 2, one per budget). Each writes a
-# folder: its declared outputs are the files of grid.DISTILL_FILES / grid.MODEL_FILES (the
+# folder: its declared outputs are the files of grid.DISTILL_FILES / grid.STUDENT_FILES (the
 # checkpoint/ it resumes from is internal).
 rule distill:
     input:
@@ -38,7 +38,7 @@ rule reference:
         unpack(teacher_model),
         shards=SHARDS,
     output:
-        **files(REFERENCE, grid.MODEL_FILES),
+        **files(REFERENCE, grid.STUDENT_FILES),
     params:
         cfg=lambda wc: job_config("student", "runtime", *input_keys(wc.dataset)),
         variant=grid.REFERENCE_VARIANT,
@@ -67,7 +67,7 @@ rule student:
     input:
         unpack(student_inputs),
     output:
-        **files(RUN, grid.MODEL_FILES),
+        **files(RUN, grid.STUDENT_FILES),
     params:
         cfg=lambda wc: job_config("student", f"init_strategies.{wc.init}", "runtime", *input_keys(wc.dataset)),
         teacher=in_folder("teacher_json"),

@@ -142,8 +142,9 @@ def operator_benchmark_path(results: str | Path = RESULTS) -> str:
 
 # What the report (linvit/report/render.py) writes, and nothing else: the `report` rule declares
 # exactly these as its outputs. Names under report/, then under results/.
-REPORT_FILES = ("README.md", "summary.csv", "summary.md", "claims.json")
-REPORT_FIGURES = ("accuracy_by_init", "training_curves", "accuracy_by_budget", "fidelity_by_block", "attention_maps")
+REPORT_FILES = ("README.md", "summary.csv", "summary.md", "claims.json", "index.html")
+REPORT_FIGURES = ("accuracy_by_init", "training_curves", "accuracy_by_budget", "fidelity_by_block", "attention_maps",
+                  "gap_closed_heatmap", "cost_to_accuracy", "accuracy_vs_throughput")
 BENCHMARK_FIGURES = ("attention_scaling",)  # only when the operator benchmark's CSV exists
 FIGURE_FORMATS = ("png", "svg")
 RESULTS_TABLES = ("runs.csv", "curves.csv")

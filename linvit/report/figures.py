@@ -1,6 +1,7 @@
 """The report's figures: accuracy by init strategy and design, test accuracy against training step
 (both at the grid's largest budget) and against the training budget, attention fidelity by block,
-and class-token attention maps on the patch grid.
+class-token attention maps on the patch grid, gap closed as a heatmap, accuracy against cost (steps
+and wall-clock) and against measured throughput.
 
 Figures are drawn on explicit Agg-backed `Figure` objects (no pyplot), so the report never needs a
 display, never touches the caller's global matplotlib state, and leaks no open figures. Each is
@@ -20,7 +21,7 @@ import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import LogLocator, NullFormatter, NullLocator, ScalarFormatter
 
 from linvit.grid import BENCHMARK_FIGURES, FIGURE_FORMATS, REFERENCE_INIT, REFERENCE_VARIANT, REPORT_FIGURES
 from linvit.io import atomic_path
@@ -30,8 +31,9 @@ REFERENCE_LABEL = "softmax reference"
 REFERENCE_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.2}
 SEED_COLOR, MEAN_COLOR = "0.55", "C0"
 ACCURACY_FIGURE, CURVES_FIGURE = REPORT_FIGURES[:2]
-# The budget, fidelity and attention-map figures (to be listed in linvit.grid.REPORT_FIGURES).
-BUDGET_FIGURE, FIDELITY_FIGURE, MAPS_FIGURE = "accuracy_by_budget", "fidelity_by_block", "attention_maps"
+BUDGET_FIGURE, FIDELITY_FIGURE, MAPS_FIGURE, GAP_FIGURE, COST_FIGURE, THROUGHPUT_FIGURE = REPORT_FIGURES[2:8]
+# Intervals over seeds: seaborn's percentile bootstrap, seeded so reruns draw byte-identical figures.
+SEED_CI, CI_SEED = ("ci", 95), 0
 NO_DESIGN = "none"  # the design of a cell that does not distill (linvit.config.NO_DESIGN)
 (SCALING_FIGURE,) = BENCHMARK_FIGURES
 # Metadata without dates keeps reruns byte-stable.
@@ -74,7 +76,8 @@ def plotted(frame: pd.DataFrame, config: dict, budget: float | None = None) -> P
 
 def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path, budget: float | None = None) -> list[Path]:
     """Final test accuracy per init strategy and design ("init [design]"), at the largest budget of
-    the grid (or `budget`): seed points, mean with std bars, the reference (same budget) as a dashed line."""
+    the grid (or `budget`): seed points, mean with a 95% bootstrap interval over seeds, the reference
+    (same budget) as a dashed line."""
     grid = plotted(runs, config, budget)  # every expected cell: the grid's categories and largest budget
     ok = grid.data[grid.data["status"] == "ok"]
     labels = grid.labels
@@ -88,13 +91,13 @@ def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path, budg
         if not data.empty:
             sns.stripplot(data=data, x="line", y="test_acc", order=labels, ax=ax, color=SEED_COLOR, size=4,
                           jitter=0.12)
-            sns.pointplot(data=data, x="line", y="test_acc", order=labels, ax=ax, errorbar="sd", color=MEAN_COLOR,
-                          linestyle="none", markers="_", markersize=14, err_kws={"linewidth": 1.2})
+            sns.pointplot(data=data, x="line", y="test_acc", order=labels, ax=ax, errorbar=SEED_CI, seed=CI_SEED,
+                          color=MEAN_COLOR, linestyle="none", markers="_", markersize=14, err_kws={"linewidth": 1.2})
         if not reference.empty:
             ax.axhline(reference.mean(), **REFERENCE_STYLE)
         ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
     handles = [Line2D([], [], color=SEED_COLOR, marker="o", linestyle="none", markersize=4, label="seed"),
-               Line2D([], [], color=MEAN_COLOR, marker="_", linestyle="none", markersize=14, label="mean ± std over seeds")]
+               Line2D([], [], color=MEAN_COLOR, marker="_", linestyle="none", markersize=14, label="mean, 95% CI over seeds")]
     if (ok["variant"] == REFERENCE_VARIANT).any():
         handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
     at = _at_steps(grid.budget)
@@ -533,3 +536,202 @@ def _number(value, missing: float = math.inf) -> float:
     except (TypeError, ValueError):
         return missing
     return missing if math.isnan(out) else out
+
+
+# -- gap closed, cost, throughput -----------------------------------------------------------------
+
+def gap_closed_heatmap(summary: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
+    """Gap closed (linvit.report.claims.summarize's `gap_closed`: 0 = the random role, 1 = the softmax
+    reference) at the grid's largest budget, as a heatmap of operator (variant) x init strategy
+    [design], one panel per dataset (and size, when the grid has several); cells annotated, undefined
+    cells (NaN: the reference, or no random/reference to compare with) left empty."""
+    summary = _with_axes(summary)
+    students = summary[summary["variant"] != REFERENCE_VARIANT]
+    budget = _largest_budget(summary)
+    at = _at_budget(students, budget)
+    lines = _lines(students, config)
+    labels = [_line_label(line) for line in lines]
+    values = pd.to_numeric(at["gap_closed"], errors="coerce").dropna().tolist()
+    # 0 (random) and 1 (reference) always on the scale, so colours read the same in every report.
+    vmin, vmax = min([0.0, *values]), max([1.0, *values])
+    several_sizes = len(config["sizes"]) > 1
+    variants = list(config["variants"])
+    with sns.axes_style("white"), sns.plotting_context("paper"):
+        fig = Figure(figsize=(max(3.5, 0.7 * len(labels) + 2.0) * len(config["targets"]),
+                              (0.45 * len(variants) + 2.2) * len(config["sizes"])), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(len(config["sizes"]), len(config["targets"]), squeeze=False)
+    drawn = None
+    for r, size in enumerate(config["sizes"]):
+        for c, dataset in enumerate(config["targets"]):
+            ax = axes[r][c]
+            ax.set_title(f"{dataset}" + (f" · {size}" if several_sizes else ""))
+            cell = at[(at["dataset"] == dataset) & (at["size"] == size)]
+            grid = pd.DataFrame(np.nan, index=variants, columns=labels)
+            for row in cell.itertuples():
+                label = _line_label((row.init, row.design))
+                if row.variant in grid.index and label in grid.columns:
+                    grid.loc[row.variant, label] = pd.to_numeric(row.gap_closed, errors="coerce")
+            if grid.isna().all().all():
+                ax.set_axis_off()
+                _no_results(ax, "no gap closed (needs the random role and the reference)")
+                continue
+            drawn = ax
+            sns.heatmap(grid.astype(float), ax=ax, annot=True, fmt=".2f", cmap="viridis", vmin=vmin, vmax=vmax,
+                        cbar=False, linewidths=0.5, linecolor="white", annot_kws={"fontsize": 7})
+            ax.set_xlabel("init strategy [design]")
+            ax.set_ylabel("operator" if c == 0 else "")
+            ax.tick_params(axis="x", rotation=45)
+            for tick in ax.get_xticklabels():
+                tick.set_ha("right")
+            ax.tick_params(axis="y", rotation=0)
+    if drawn is not None:
+        fig.colorbar(drawn.collections[0], ax=axes.ravel().tolist(), label="gap closed\n(0 random, 1 reference)",
+                     aspect=8)
+    at_steps = _at_steps(budget)
+    if at_steps:
+        fig.suptitle(f"Gap closed at the largest budget: {at_steps} (student training)")
+    return save_figure(fig, Path(out_dir) / GAP_FIGURE)
+
+
+# (x column of cost_frame, axis label, subfigure title) of cost_to_accuracy's two rows of panels.
+COST_ROWS = (("cost_steps", "student + distillation steps",
+              "Test accuracy against steps (a distilled strategy's distillation steps added)"),
+             ("cost_seconds", "train + distill seconds",
+              "Test accuracy against wall-clock (train_time_s + distill_time_s, mean over seeds)"))
+
+
+def cost_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """The finished runs with their cost: `cost_steps` = budget (the student's steps; `steps` where a
+    table has no budget) + distillation steps (0 for a strategy that does not distill), and
+    `cost_seconds` = train_time_s + distill_time_s; each replaced by its mean over the seeds of the
+    same (dataset, size, variant, init, design, budget), so seeds share an x and seaborn's interval
+    is over seeds."""
+    ok = _finished(runs)
+    number = lambda col: pd.to_numeric(ok[col], errors="coerce") if col in ok else pd.Series(math.nan, index=ok.index)
+    steps = number("budget").fillna(number("steps"))
+    ok = ok.assign(cost_steps=steps + number("distill_steps").fillna(0.0),
+                   cost_seconds=number("train_time_s") + number("distill_time_s").fillna(0.0))
+    keys = ["dataset", "size", "variant", "init", "design", "budget"]
+    for col in ("cost_steps", "cost_seconds"):
+        ok[col] = ok.groupby(keys, dropna=False)[col].transform("mean")
+    return ok
+
+
+def cost_to_accuracy(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
+    """Test accuracy against cost, one line per init strategy [design] through its budgets, the softmax
+    reference dashed black: above against steps (student steps, plus the distillation's for a distilled
+    strategy), below against wall-clock seconds of training plus distillation; the teacher's
+    pretraining is shared and not counted. Points: mean over seeds, bars: 95% bootstrap CI over seeds."""
+    data = cost_frame(runs)
+    lines = _lines(data, config)
+    labels = [_line_label(line) for line in lines]
+    palette = dict(zip(labels, _init_colors(len(labels))))
+    data = data.assign(line=[_line_label(p) for p in zip(data["init"], data["design"])])
+    n_cols, n_rows = len(config["targets"]), len(config["sizes"]) * len(config["variants"])
+    width, height = 4.2, 3.0
+    fig = Figure(figsize=(width * n_cols, 2 * height * n_rows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    drawn, reference_drawn = set(), False
+    for (x, xlabel, title), sub in zip(COST_ROWS, fig.subfigures(2, 1)):
+        _, panels = _panel_grid(config, width, height, target=sub)
+        sub.suptitle(title)
+        for (dataset, size, variant), ax in panels.items():
+            mine = _select(data, dataset, size, variant).dropna(subset=[x, "test_acc"])
+            reference = _select(data, dataset, size, REFERENCE_VARIANT).dropna(subset=[x, "test_acc"])
+            if mine.empty and reference.empty:
+                _no_results(ax)
+                continue
+            if not mine.empty:
+                sns.lineplot(data=mine, x=x, y="test_acc", hue="line", hue_order=labels, palette=palette,
+                             errorbar=SEED_CI, seed=CI_SEED, err_style="bars", marker="o", markersize=4, ax=ax,
+                             legend=False)
+                drawn.update(mine["line"])
+            if not reference.empty:
+                sns.lineplot(data=reference, x=x, y="test_acc", errorbar=SEED_CI, seed=CI_SEED, err_style="bars",
+                             marker="o", markersize=3, ax=ax, legend=False, **REFERENCE_STYLE)
+                reference_drawn = True
+            if (pd.concat([mine[x], reference[x]]) > 0).all():
+                _log_x(ax)
+        _finish(sub, panels, xlabel=xlabel, ylabel="test accuracy", handles=[])
+    handles = [Line2D([], [], color=palette[label], marker="o", markersize=4, label=label)
+               for label in labels if label in drawn]
+    if reference_drawn:
+        handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
+    if handles:
+        handles.append(Line2D([], [], color="0.3", marker="|", linestyle="none", markersize=8,
+                              label="95% CI over seeds"))
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), frameon=False)
+    return save_figure(fig, Path(out_dir) / COST_FIGURE)
+
+
+def accuracy_vs_throughput(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
+    """Test accuracy at the grid's largest budget against measured forward throughput (`throughput_img_s`
+    of eval.json, log axis), one marker per (operator, init strategy [design]): colour = init [design],
+    shape = operator, the softmax reference a black star. Means over seeds, bars: 95% bootstrap CI of
+    the accuracy over seeds. One panel per dataset (and size): the operators side by side, so the
+    trade-off a user buys (speed against accuracy) reads across a panel."""
+    budget = _largest_budget(_with_axes(runs))  # the grid's, as in accuracy_by_init
+    ok = _at_budget(_finished(runs), budget).dropna(subset=["test_acc"])
+    ok = ok.assign(throughput=pd.to_numeric(ok["throughput_img_s"], errors="coerce") if "throughput_img_s" in ok
+                   else math.nan)
+    variants = [v for v in config["variants"] if v != REFERENCE_VARIANT]
+    ok = ok[ok["variant"].isin([*variants, REFERENCE_VARIANT])].dropna(subset=["throughput"])
+    lines = _lines(ok, config)
+    labels = [_line_label(line) for line in lines]
+    palette = dict(zip(labels, _init_colors(len(labels))))
+    markers = dict(zip(variants, ["o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "8"] * 2))
+    panels = _dataset_panels(config)
+    with sns.axes_style("whitegrid"), sns.plotting_context("paper"):
+        fig = Figure(figsize=(4.4 * len(config["targets"]), 3.4 * len(config["sizes"])), layout="constrained")
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(len(config["sizes"]), len(config["targets"]), squeeze=False, sharey=True)
+    # Seeds share their cell's mean throughput as x, so seaborn's interval is over seeds (accuracy only).
+    ok["throughput"] = ok.groupby(["dataset", "size", "variant", "init", "design"])["throughput"].transform("mean")
+    ok = ok.assign(line=[_line_label(p) for p in zip(ok["init"], ok["design"])])
+    common = dict(x="throughput", y="test_acc", errorbar=SEED_CI, seed=CI_SEED, err_style="bars", legend=False,
+                  err_kws={"capsize": 2})
+    for (dataset, size), (r, c) in panels.items():
+        ax = axes[r][c]
+        ax.set_title(f"{dataset}" + (f" · {size}" if len(config["sizes"]) > 1 else ""))
+        cell = ok[(ok["dataset"] == dataset) & (ok["size"] == size)]
+        if cell.empty:
+            _no_results(ax)
+            continue
+        students = cell[cell["variant"] != REFERENCE_VARIANT]
+        if not students.empty:
+            # hue x style: one group per (init [design], operator), each a single x, drawn as a marker.
+            sns.lineplot(data=students, hue="line", hue_order=labels, palette=palette, style="variant",
+                         style_order=variants, markers=markers, dashes=False, markersize=7, ax=ax, **common)
+        reference = cell[cell["variant"] == REFERENCE_VARIANT]
+        if not reference.empty:
+            sns.lineplot(data=reference, color="black", marker="*", markersize=12, ax=ax, **common)
+        if (cell["throughput"] > 0).all():
+            _log_x(ax)
+        ax.set_xlabel("throughput (images/s, this machine)")
+        ax.set_ylabel("test accuracy" if c == 0 else "")
+    handles = [Line2D([], [], color=palette[label], marker="o", linestyle="none", label=label) for label in labels]
+    handles += [Line2D([], [], color="0.3", marker=markers[v], linestyle="none", label=f"operator {v}")
+                for v in variants if (ok["variant"] == v).any()]
+    if (ok["variant"] == REFERENCE_VARIANT).any():
+        handles.append(Line2D([], [], color="black", marker="*", markersize=9, linestyle="none", label=REFERENCE_LABEL))
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), frameon=False)
+    at = _at_steps(budget)
+    fig.suptitle("Accuracy against throughput" + (f" at the largest budget: {at}" if at else "")
+                 + " (mean, 95% CI over seeds)")
+    return save_figure(fig, Path(out_dir) / THROUGHPUT_FIGURE)
+
+
+def _dataset_panels(config: dict) -> dict[tuple[str, str], tuple[int, int]]:
+    """(dataset, size) -> (row, column) of a figure with one panel per dataset, a row per size."""
+    return {(dataset, size): (r, c) for r, size in enumerate(config["sizes"])
+            for c, dataset in enumerate(config["targets"])}
+
+
+def _log_x(ax) -> None:
+    """Log x axis labelled in plain numbers at 1, 2, 5 x 10^k (cost and throughput span less than a decade)."""
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())

@@ -1,15 +1,20 @@
-"""Write the report directory: tables, figures, claim verdicts and README.md, all regenerated from results/.
+"""Write the report directory: tables, figures, claim verdicts, README.md and index.html (the same
+content as one self-contained page, figures embedded), all regenerated from results/.
 
-Exactly the files `linvit.grid.report_files` names are written (each atomically), so the `report`
-rule's outputs and what this writes cannot disagree; anything else a user keeps in report/ is left alone.
+Exactly the files `linvit.grid.report_files` names are written (each atomically), plus
+harness_benchmarks.csv when results/bench/ holds `linvit bench` CSVs, so the `report` rule's outputs
+and what this writes cannot disagree; anything else a user keeps in report/ is left alone.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import xml.etree.ElementTree as etree
 from pathlib import Path
 
+import markdown
 import pandas as pd
 
 from linvit.config import NO_DESIGN, REFERENCE_INIT, budgets, design_names, design_specs
@@ -20,11 +25,16 @@ from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, 
 from linvit.report.claims import (COPY_MLP_DISTILL, ClaimVerdict, Thresholds, budget_markdown,
                                   claims_markdown, cost_table, designs_table, evaluate_claims, pct, resolve_roles,
                                   roles_markdown, summarize, training_text, unequal_distillation)
-from linvit.report.figures import accuracy_by_budget, attention_maps, fidelity_by_block, write_figures
+from linvit.report.figures import (accuracy_by_budget, accuracy_vs_throughput, attention_maps, cost_to_accuracy,
+                                   fidelity_by_block, gap_closed_heatmap, write_figures)
+from linvit.report.provenance import collect as collect_provenance, markdown as provenance_markdown
 
 # The names come from linvit.grid (the workflow's list of the report's outputs), each spelled once there.
-README_MD, SUMMARY_CSV, SUMMARY_MD, CLAIMS_JSON = REPORT_FILES
+README_MD, SUMMARY_CSV, SUMMARY_MD, CLAIMS_JSON, INDEX_HTML = REPORT_FILES
 RUNS_CSV, CURVES_CSV = RESULTS_TABLES
+# `linvit bench` writes results/bench/<machine>.csv; the report tables them all in harness_benchmarks.csv.
+HARNESS_DIR, HARNESS_CSV = "bench", "harness_benchmarks.csv"
+HARNESS_COLUMNS = ("benchmark", "metric", "value", "unit", "target", "meets", "machine")
 
 
 def write_report(config: dict, results: str | Path, report_dir: str | Path) -> list[Path]:
@@ -33,7 +43,9 @@ def write_report(config: dict, results: str | Path, report_dir: str | Path) -> l
     results, report_dir = Path(results), Path(report_dir)
     runs, curves = collect(config, results)
     bench_path = Path(operator_benchmark_path(results))
+    harness = harness_benchmarks(results)
     expected = [Path(p) for p in report_files(bench_path.exists(), report_dir, results)]
+    expected += [report_dir / HARNESS_CSV] if harness is not None else []
     summary = summarize(runs, config)
     verdicts = evaluate_claims(runs, config)
     costs = cost_table(runs, curves, config)
@@ -47,13 +59,21 @@ def write_report(config: dict, results: str | Path, report_dir: str | Path) -> l
     figure_dir = report_dir / "figures"
     figures = (write_figures(runs, curves, config, figure_dir) + accuracy_by_budget(runs, config, figure_dir)
                + fidelity_by_block(runs, config, figure_dir)
-               + attention_maps(attention_records(runs, results), figure_dir))
+               + attention_maps(attention_records(runs, results), figure_dir)
+               + gap_closed_heatmap(summary, config, figure_dir) + cost_to_accuracy(runs, config, figure_dir)
+               + accuracy_vs_throughput(runs, config, figure_dir))
     written.extend(figures)
     scaling, scaling_figures = _scaling_section(bench_path, report_dir) if bench_path.exists() else ("", [])
     written.extend(scaling_figures)
+    harness_text = ""
+    if harness is not None:
+        written.append(write_csv(harness, report_dir / HARNESS_CSV))
+        harness_text = harness_section(harness)
     readme = render_readme(config, runs, summary, verdicts, costs, [f.relative_to(report_dir) for f in figures],
-                           scaling, jobs, designs_table(summary, config))
+                           scaling, jobs, designs_table(summary, config), harness_text,
+                           provenance_markdown(collect_provenance(config, runs)))
     _write(report_dir / README_MD, readme, written)
+    _write(report_dir / INDEX_HTML, render_html(readme, report_dir), written)
     # The list in linvit.grid is the contract the workflow declares; writing anything else is a bug here.
     if sorted(written) != sorted(expected):
         raise RuntimeError(f"report wrote {sorted(map(str, written))}, linvit.grid.report_files names "
@@ -68,7 +88,7 @@ def _write(path: Path, text: str, written: list[Path]) -> None:
 
 def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdicts: list[ClaimVerdict],
                   costs: pd.DataFrame, figures: list[Path], scaling: str = "", jobs: pd.DataFrame | None = None,
-                  designs: pd.DataFrame | None = None) -> str:
+                  designs: pd.DataFrame | None = None, harness: str = "", provenance: str = "") -> str:
     designs = designs_table(summary, config) if designs is None else designs
     random = resolve_roles(config)["random"].strategy
     gap = (f"Gap closed = (acc_init - acc_{random}) / (acc_softmax_reference - acc_{random}), against `{random}`, "
@@ -94,6 +114,10 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
     ]
     if scaling:
         sections.insert(-1, scaling)
+    if harness:
+        sections.insert(-1, harness)
+    if provenance:
+        sections.append("## Provenance\n\n" + provenance)
     return "\n\n".join(s.rstrip() for s in sections) + "\n"
 
 
@@ -231,7 +255,7 @@ def _scaling_section(path: Path, report_dir: Path) -> tuple[str, list[Path]]:
 # One sentence under each figure (linvit.report.figures says how each is drawn).
 CAPTIONS = {
     "accuracy_by_init": "Final test accuracy per init strategy [design] at the grid's largest budget: seeds as "
-                        "points, mean ± std over seeds, the softmax reference dashed.",
+                        "points, the mean with its 95% bootstrap interval over seeds, the softmax reference dashed.",
     "training_curves": "Test accuracy against training step per init strategy [design] at the grid's largest budget "
                        "(band: std over seeds), the softmax reference dashed.",
     "accuracy_by_budget": "Test accuracy against the training budget (log2 axis), one line per init strategy and "
@@ -240,6 +264,14 @@ CAPTIONS = {
                          "KL(A ‖ Â) above, the maps' correlation below.",
     "attention_maps": "The class token's attention on the patch grid, one panel per head: the teacher, then the "
                       "softmax reference and each student (largest budget, first seed).",
+    "gap_closed_heatmap": "Gap closed at the grid's largest budget (0: the random role, 1: the softmax reference), "
+                          "operator x init strategy [design], one panel per dataset; empty cells are undefined.",
+    "cost_to_accuracy": "Test accuracy against cost, one line per init strategy [design] through its budgets, the "
+                        "softmax reference dashed: against steps (a distilled strategy's distillation steps added) "
+                        "and against train + distill seconds; bars are 95% bootstrap intervals over seeds.",
+    "accuracy_vs_throughput": "Test accuracy at the largest budget against measured forward throughput (images/s on "
+                              "the evaluating machine), per operator and init strategy [design], the softmax "
+                              "reference a star; bars are 95% bootstrap intervals over seeds.",
 }
 
 
@@ -401,3 +433,93 @@ def _num(x: float, fmt: str) -> str:
 def _json_default(value):
     # numpy scalars from pandas reach the verdicts' numbers; NaN stays a float (json writes NaN).
     return float(value)
+
+
+def harness_benchmarks(results: str | Path) -> pd.DataFrame | None:
+    """Every `linvit bench` CSV under results/bench/ (one per machine), concatenated; None when there is
+    none. A CSV that cannot be read or lacks a column is a ResultsError naming the file."""
+    paths = sorted((Path(results) / HARNESS_DIR).glob("*.csv"))
+    if not paths:
+        return None
+    frames = []
+    for path in paths:
+        try:
+            frame = pd.read_csv(path)
+        except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+            raise ResultsError(f"{path}: cannot be read ({str(err).strip().splitlines()[0]})") from None
+        missing = [c for c in HARNESS_COLUMNS if c not in frame]
+        if missing:
+            raise ResultsError(f"{path}: missing column(s) {', '.join(missing)}")
+        frames.append(frame[list(HARNESS_COLUMNS)])
+    return pd.concat(frames, ignore_index=True)
+
+
+def harness_section(bench: pd.DataFrame) -> str:
+    """The "Harness benchmarks" section: every row of results/bench/*.csv, per machine."""
+    table = bench.astype(object).where(bench.notna(), "n/a").astype(str)
+    met = bench["meets"].astype(str).str.lower().isin(["true", "1", "yes"])
+    return ("## Harness benchmarks\n\nThe harness's own benchmarks (`linvit bench`, from `results/bench/<machine>.csv`; "
+            f"all rows in [{HARNESS_CSV}]({HARNESS_CSV})): {int(met.sum())} of {len(bench)} measurements meet their "
+            "target.\n\n" + _markdown(table))
+
+
+# The page's own style, inline: no external stylesheet, font or script. Tables scroll sideways in their
+# wrapper on a narrow screen instead of widening the page; figures shrink to the screen's width.
+HTML_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; line-height: 1.45; margin: 0 auto;
+       max-width: 70rem; padding: 0.75rem; color: #1b1b1b; background: #fff; }
+h1, h2, h3 { line-height: 1.2; }
+img { max-width: 100%; height: auto; display: block; margin: 0.5rem 0; }
+.table-wrap { overflow-x: auto; -webkit-overflow-scrolling: touch; margin: 0.75rem 0; max-width: 100%; }
+table { border-collapse: collapse; font-size: 0.85rem; }
+th, td { border: 1px solid #ccc; padding: 0.25rem 0.45rem; text-align: left; white-space: nowrap; }
+th { background: #f0f0f0; position: sticky; top: 0; }
+tr:nth-child(even) td { background: #fafafa; }
+pre { overflow-x: auto; background: #f6f6f6; padding: 0.5rem; font-size: 0.8rem; }
+code { font-size: 0.9em; }
+details summary { cursor: pointer; font-weight: 600; }
+"""
+
+
+class _SelfContained(markdown.treeprocessors.Treeprocessor):
+    """Embeds every local PNG/SVG image as a data URI (the page opens alone, offline) and wraps every
+    table in a horizontally scrolling block (readable at phone width)."""
+
+    def __init__(self, md, base: Path):
+        super().__init__(md)
+        self.base = base
+
+    def run(self, root):
+        for img in root.iter("img"):
+            src = img.get("src", "")
+            kind = {".png": "image/png", ".svg": "image/svg+xml"}.get(Path(src).suffix.lower())
+            if kind is None or "://" in src:
+                raise ValueError(f"index.html: image {src!r} is not a local PNG or SVG of the report")
+            data = base64.b64encode((self.base / src).read_bytes()).decode("ascii")
+            img.set("src", f"data:{kind};base64,{data}")
+        for parent in list(root.iter()):
+            for i, child in enumerate(list(parent)):
+                if child.tag == "table":
+                    wrap = etree.Element("div", {"class": "table-wrap"})
+                    parent.remove(child)
+                    wrap.append(child)
+                    parent.insert(i, wrap)
+
+
+class _SelfContainedExtension(markdown.Extension):
+    def __init__(self, base: Path):
+        super().__init__()
+        self.base = base
+
+    def extendMarkdown(self, md):
+        md.treeprocessors.register(_SelfContained(md, self.base), "linvit_self_contained", 0)
+
+
+def render_html(readme: str, report_dir: str | Path) -> str:
+    """README.md's text as one self-contained HTML page (python-markdown with its tables, fenced code
+    and md_in_html extensions), its figures read from `report_dir` and embedded."""
+    body = markdown.markdown(readme, extensions=["tables", "fenced_code", "md_in_html",
+                                                 _SelfContainedExtension(Path(report_dir))])
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            f"<title>linvit report</title>\n<style>{HTML_STYLE}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")

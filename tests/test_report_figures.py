@@ -389,3 +389,123 @@ def test_write_figures_share_the_grid_budget_and_read_older_tables(tmp_path, cap
     fig = captured["training_curves"]
     assert legend_labels(fig) == ["random", "copy_all", "distilled", "softmax reference"]
     assert fig._suptitle is None
+
+
+# -- intervals over seeds, gap closed, cost and throughput ------------------------------------------------
+
+DISTILL_STEPS, DISTILL_TIME = 50, 5.0
+THROUGHPUT = {"linA": 1000.0, "linB": 2000.0, "softmax": 500.0}
+
+
+def cost_runs() -> pd.DataFrame:
+    """budget_runs with what runs.csv holds for cost: training seconds (budget/10 + seed), the
+    distillation's steps and seconds for the distilled init (0 otherwise), measured throughput."""
+    runs = budget_runs()
+    distilled = runs["init"] == "distilled"
+    return runs.assign(train_time_s=runs["budget"] / 10 + runs["seed"],
+                       distill_steps=np.where(distilled, DISTILL_STEPS, 0),
+                       distill_time_s=np.where(distilled, DISTILL_TIME, 0.0),
+                       throughput_img_s=runs["variant"].map(THROUGHPUT) + 10 * runs["seed"])
+
+
+def two_point_lines(ax) -> list[tuple[list, list]]:
+    return [(list(line.get_xdata()), [round(float(y), 6) for y in line.get_ydata()]) for line in ax.get_lines()
+            if len(line.get_xdata()) == 2 and line.get_linestyle() != "--"]
+
+
+def test_accuracy_by_init_draws_a_seeded_95_interval_over_seeds(tmp_path, captured):
+    runs = budget_runs()
+    paths = figures.accuracy_by_init(runs, CONFIG, tmp_path / "a")
+    ax = panel(captured["accuracy_by_init"], "dsA · linA · micro")[0]
+    # Two seeds: every bootstrap mean lies between them, so the 95% interval spans exactly seed 0 to seed 1.
+    for i, (x, y) in enumerate(two_point_lines(ax)):
+        init, design = [("random", "none"), ("copy_all", "none"), ("distilled", "kl"), ("distilled", "mse")][i]
+        assert x == [i, i] and y == [round(accuracy(init, design, 1600, s), 6) for s in (0, 1)]
+    assert "mean, 95% CI over seeds" in legend_labels(captured["accuracy_by_init"])
+    # The bootstrap and the strip jitter are seeded: drawing again gives the same image (PNG; matplotlib's
+    # SVG clip-path ids are random), and the caller's global numpy random state is left as it was.
+    state = np.random.get_state()[1].copy()
+    again = figures.accuracy_by_init(runs, CONFIG, tmp_path / "b")
+    assert paths[0].read_bytes() == again[0].read_bytes()
+    assert (np.random.get_state()[1] == state).all()
+
+
+def summary_frame(runs: pd.DataFrame) -> pd.DataFrame:
+    """What linvit.report.claims.summarize gives the heatmap: per cell and budget the mean accuracy and
+    gap_closed against random and the reference of the same budget (NaN for the reference)."""
+    keys = ["dataset", "size", "variant", "init", "design", "budget"]
+    summary = runs[runs["status"] == "ok"].groupby(keys, as_index=False)["test_acc"].mean()
+    means = summary.set_index(keys)["test_acc"]
+    gaps = []
+    for r in summary.itertuples():
+        random = means.get((r.dataset, r.size, r.variant, "random", "none", r.budget), math.nan)
+        reference = means[(r.dataset, r.size, "softmax", "reference", "none", r.budget)]
+        gaps.append(math.nan if r.variant == "softmax" else (r.test_acc - random) / (reference - random))
+    return summary.assign(gap_closed=gaps)
+
+
+def test_gap_closed_heatmap_largest_budget_annotated_nan_empty(tmp_path, captured):
+    runs = budget_runs()
+    summary = summary_frame(runs)
+    check_files(figures.gap_closed_heatmap(summary, CONFIG, tmp_path), "gap_closed_heatmap", min_px=(300, 600))
+    fig = captured["gap_closed_heatmap"]
+    assert fig._suptitle.get_text() == "Gap closed at the largest budget: 1600 steps (student training)"
+    top = summary[summary["budget"] == 1600]
+    for dataset, size in [("dsA", "micro"), ("dsB", "mini")]:
+        ax = panel(fig, f"{dataset} · {size}")[0]
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["linA", "linB"]
+        assert [t.get_text() for t in ax.get_xticklabels()] == LABELS
+        cell = top[(top["dataset"] == dataset) & (top["size"] == size) & (top["variant"] != "softmax")]
+        expected = sorted(f"{g:.2f}" for g in cell["gap_closed"])
+        assert sorted(t.get_text() for t in ax.texts) == expected
+    # dsB · mini has no linB students: that row is NaN, drawn empty (4 annotations, not 8).
+    assert len(panel(fig, "dsB · mini")[0].texts) == 4 and len(panel(fig, "dsA · micro")[0].texts) == 8
+    # Without the random role no gap is defined: every panel says so.
+    figures.gap_closed_heatmap(summary.assign(gap_closed=math.nan), CONFIG, tmp_path / "nan")
+    assert panel_texts(captured["gap_closed_heatmap"]).count(
+        "no gap closed (needs the random role and the reference)") == 4
+
+
+def test_cost_to_accuracy_adds_distillation_and_uses_wall_clock(tmp_path, captured):
+    runs = cost_runs()
+    check_files(figures.cost_to_accuracy(runs, CONFIG, tmp_path), "cost_to_accuracy", min_px=(800, 600))
+    fig = captured["cost_to_accuracy"]
+    steps_ax, seconds_ax = panel(fig, "dsA · linA · micro")
+    assert steps_ax.get_xlabel() == "student + distillation steps" and seconds_ax.get_xlabel() == "train + distill seconds"
+    mean_lines = lambda ax: [line for line in ax.get_lines() if line.get_marker() == "o"]
+    lines = mean_lines(steps_ax)
+    # random, copy_all, distilled [kl], distilled [mse], then the reference (dashed).
+    assert [list(line.get_xdata()) for line in lines] == [BUDGETS, BUDGETS, [b + DISTILL_STEPS for b in BUDGETS],
+                                                          [b + DISTILL_STEPS for b in BUDGETS], BUDGETS]
+    assert lines[-1].get_linestyle() == "--"
+    for line, (init, design) in zip(lines, [("random", "none"), ("copy_all", "none"), ("distilled", "kl"),
+                                            ("distilled", "mse")]):
+        means = [(accuracy(init, design, b, 0) + accuracy(init, design, b, 1)) / 2 for b in BUDGETS]
+        assert np.allclose(line.get_ydata(), means)
+    # Wall-clock: train seconds (budget/10 + seed: mean budget/10 + 0.5) plus the distillation's seconds.
+    lines = mean_lines(seconds_ax)
+    assert np.allclose(lines[0].get_xdata(), [b / 10 + 0.5 for b in BUDGETS])
+    assert np.allclose(lines[2].get_xdata(), [b / 10 + 0.5 + DISTILL_TIME for b in BUDGETS])
+    # Bars: the 95% interval over the two seeds, seed 0 to seed 1, at each budget.
+    segments = [s for c in steps_ax.collections for s in c.get_segments()]
+    assert any(np.allclose(s, [[100, accuracy("random", "none", 100, 0)], [100, accuracy("random", "none", 100, 1)]])
+               for s in segments)
+    assert "softmax reference" in legend_labels(fig) and "95% CI over seeds" in legend_labels(fig)
+
+
+def test_accuracy_vs_throughput_one_marker_per_operator_and_init(tmp_path, captured):
+    runs = cost_runs()
+    check_files(figures.accuracy_vs_throughput(runs, CONFIG, tmp_path), "accuracy_vs_throughput", min_px=(400, 600))
+    fig = captured["accuracy_vs_throughput"]
+    assert fig._suptitle.get_text().startswith("Accuracy against throughput at the largest budget: 1600 steps")
+    ax = panel(fig, "dsA · micro")[0]
+    points = {(line.get_marker(), float(line.get_xdata()[0])): float(line.get_ydata()[0])
+              for line in ax.get_lines() if line.get_marker() in ("o", "s", "*")}
+    # Operators by marker (linA o, linB s) at their mean throughput (+ 10 x seed: mean + 5); the reference a star.
+    assert points[("*", 505.0)] == pytest.approx(0.805 + 1600 / 100000)
+    for marker, variant in (("o", "linA"), ("s", "linB")):
+        assert points[(marker, THROUGHPUT[variant] + 5)] == pytest.approx(
+            max(accuracy(i, d, 1600, 0.5) for i, ds in DESIGNS.items() for d in ds))
+    assert len([line for line in ax.get_lines() if line.get_marker() in ("o", "s")]) == 2 * len(LABELS)
+    assert ax.get_xscale() == "log"
+    assert {"operator linA", "operator linB", "softmax reference", *LABELS} <= set(legend_labels(fig))

@@ -11,6 +11,7 @@ atomically, under the names linvit.grid lists as the report's outputs.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import NamedTuple
@@ -89,8 +90,9 @@ def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path, budg
             _no_results(ax)
             continue
         if not data.empty:
-            sns.stripplot(data=data, x="line", y="test_acc", order=labels, ax=ax, color=SEED_COLOR, size=4,
-                          jitter=0.12)
+            with _fixed_global_rng(CI_SEED):  # stripplot jitters with np.random's global state
+                sns.stripplot(data=data, x="line", y="test_acc", order=labels, ax=ax, color=SEED_COLOR, size=4,
+                              jitter=0.12)
             sns.pointplot(data=data, x="line", y="test_acc", order=labels, ax=ax, errorbar=SEED_CI, seed=CI_SEED,
                           color=MEAN_COLOR, linestyle="none", markers="_", markersize=14, err_kws={"linewidth": 1.2})
         if not reference.empty:
@@ -735,3 +737,15 @@ def _log_x(ax) -> None:
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+@contextlib.contextmanager
+def _fixed_global_rng(seed: int):
+    """numpy's global random state seeded for the block and restored after it: seaborn's strip jitter
+    draws from it, and reruns should give the same figure without changing the caller's state."""
+    state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        np.random.set_state(state)

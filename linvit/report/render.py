@@ -476,7 +476,8 @@ th, td { border: 1px solid #ccc; padding: 0.25rem 0.45rem; text-align: left; whi
 th { background: #f0f0f0; position: sticky; top: 0; }
 tr:nth-child(even) td { background: #fafafa; }
 pre { overflow-x: auto; background: #f6f6f6; padding: 0.5rem; font-size: 0.8rem; }
-code { font-size: 0.9em; }
+code { font-size: 0.9em; overflow-wrap: anywhere; }
+p, li { overflow-wrap: anywhere; }
 details summary { cursor: pointer; font-weight: 600; }
 """
 

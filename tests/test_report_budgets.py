@@ -114,7 +114,7 @@ def test_claims_per_budget(verdicts):
     c1, c2, c3, c4 = (verdicts[c] for c in ("C1", "C2", "C3", "C4"))
     assert [(c.budget, c.holds) for c in c1.cells] == [(100, False), (400, True)]
     assert c1.cells[0].numbers["strict_fraction"] == pytest.approx(0.5)
-    assert c1.verdict == "partly supported (1 of 2 cells); at 100 steps not supported, at 400 steps supported"
+    assert c1.verdict == "mixed (1 hold, 1 fail, 0 inconclusive); at 100 steps not supported, at 400 steps supported"
     assert c2.verdict == "supported at every budget (100, 400 steps)"
     assert [(b["budget"], b["holds_in"], b["evaluable"]) for b in c2.by_budget] == [(100, 1, 1), (400, 1, 1)]
     # C3 uses the recipe's primary design (proj_mse, 0.58 < 0.60 at 100 steps), not the better map_ce.
@@ -152,10 +152,11 @@ def test_readme_budgets_designs_and_baselines(tree):
     assert "  - `deit_kd`: copies nothing; no distillation; trains on task x0.5 + logit_kd x0.5" in readme
     assert "  - `lolcats`: copies embed, attn, mlp, norm, head; distilled by the fixed design `lolcats`" in readme
     assert "| claim | 100 steps | 400 steps |" in readme
-    assert "| C1 | not supported: holds in 0 of 1 cells | supported: holds in 1 of 1 cells |" in readme
+    assert ("| C1 | not supported: 0 hold, 1 fail, 0 inconclusive of 1 cells | supported: 1 hold, 0 fail, 0 inconclusive "
+            "of 1 cells |") in readme
     assert "| C4 | not evaluable | not evaluable |" in readme
-    assert ("**Verdict: partly supported (1 of 2 cells); at 100 steps not supported, at 400 steps supported.**"
-            in readme)
+    assert ("**Verdict: mixed (1 hold, 1 fail, 0 inconclusive); at 100 steps not supported, at 400 steps "
+            "supported.**" in readme)
     assert "`deit_kd` copies the same but trains with added losses: a baseline, not this role" in readme
     designs = re.sub(r" +", " ", readme.split("## Distillation designs and baselines")[1].split("\n## ")[0])
     assert "All rows: cell dsA/tiny/linA." in designs
@@ -254,5 +255,6 @@ def test_the_overall_verdict_names_the_budgets():
     assert verdict([False, False, False, False]) == "not supported at any budget (100, 400 steps)"
     assert verdict([True, True, True, True]) == "supported at every budget (100, 400 steps)"
     assert verdict([True, False, True, True]) == (
-        "partly supported (3 of 4 cells); at 100 steps partly supported (1 of 2 cells), at 400 steps supported")
+        "mixed (3 hold, 1 fail, 0 inconclusive); at 100 steps mixed (1 hold, 1 fail, 0 inconclusive), at 400 steps "
+        "supported")
     assert verdict([None, None, True, True]) == "supported; at 100 steps not evaluable, at 400 steps supported"

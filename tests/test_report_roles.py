@@ -68,7 +68,7 @@ def test_renamed_strategies_give_identical_verdicts(tmp_path):
     assert gap_b.sort_index().equals(gap_a.sort_index())
     written = write_report(config_b, tmp_path / "b", tmp_path / "report")
     readme = (tmp_path / "report" / "README.md").read_text()
-    assert "**Verdict: partly supported (2 of 3 cells).**" in readme
+    assert "**Verdict: mixed (2 hold, 1 fail, 0 inconclusive).**" in readme
     # The report names each role by its content and by the user's strategy.
     assert "| random | copies nothing; no distillation; task loss only | `baseline` |" in readme
     assert "| attn_only | copies attn; no distillation; task loss only | `just_attention` |" in readme
@@ -102,7 +102,7 @@ def test_a_role_no_strategy_fills_is_not_evaluable_and_named_by_content(tmp_path
     config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "seeds": [0], "inits": inits,
               "init_strategies": {**CONFIG["init_strategies"], "attn_plus_norm": {"copy": ["attn", "norm"]}}}
     for cell in all_cells(config):
-        write_cell(tmp_path, cell, 0.5 if cell.init == "attn_plus_norm" else accuracy(cell))
+        write_cell(tmp_path, cell, 0.5 if cell.init == "attn_plus_norm" else accuracy(cell), predictions=True)
     runs, _ = collect(config, tmp_path)
     verdicts = {v.claim: v for v in evaluate_claims(runs, config)}
     assert verdicts["C1"].verdict == ("not evaluable: no init strategy in the grid has the content of attn_only "
@@ -127,7 +127,7 @@ def test_a_fixed_design_strategy_fills_the_distilling_role_at_its_design(tmp_pat
     assert match.outside_grid == ("copy_mlp_distill",)
     for cell in all_cells(config):
         assert cell.design == ("map_ce" if cell.init == "hedgehog_recipe" else "none")
-        write_cell(tmp_path, cell, 0.85 if cell.init == "hedgehog_recipe" else accuracy(cell))
+        write_cell(tmp_path, cell, 0.85 if cell.init == "hedgehog_recipe" else accuracy(cell), predictions=True)
     runs, _ = collect(config, tmp_path)
     c3 = evaluate_claims(runs, config)[2]
     assert c3.cells[0].holds is True and c3.designs == {"copy_mlp_distill": "map_ce"}

@@ -12,6 +12,11 @@ from the report. Each row has a status:
 One bad cell never stops the report: its reason names the file, the line where there is one, and the
 key. Only a config the grid cannot be built from raises `ResultsError`.
 
+A run's predictions.npz (every test image's prediction, written by linvit.steps.run_student) is
+checked against its metrics (number of images, accuracy) and named in the `predictions` column (empty
+for results from before it was written); `load_predictions` reads them for the claims' paired
+bootstrap (linvit.report.stats).
+
 Snakemake's benchmark TSVs (`benchmark_path` in linvit.grid) add each run's wall-clock seconds and peak
 memory (max_rss, MB) of its training and evaluation jobs; a run made without Snakemake has none (NaN).
 """
@@ -28,6 +33,7 @@ from linvit.config import NO_DESIGN, REFERENCE_INIT, ConfigError, design_names, 
 from linvit.grid import REFERENCE_VARIANT, Cell, all_cells, benchmark_path, distill_cells, log_path
 from linvit.groups import GROUPS  # a group a run reports beyond these still gets a column
 from linvit.io import atomic_path
+from linvit.predictions import PREDICTIONS, Predictions, PredictionsError, read_predictions
 
 ID_COLUMNS = ["dataset", "size", "variant", "init", "design", "budget", "seed"]
 STATUSES = ("ok", "diverged", "invalid", "missing")
@@ -38,6 +44,7 @@ RUN_COLUMNS = ID_COLUMNS + [
     "distill_steps", "distill_time_s", "distill_loss", "distill_final_loss", "total_time_s", "train_losses",
     "task_weight", "params", "params_attn_extra", "throughput_img_s", "throughput_device", "throughput_dtype",
     "throughput_batch", "fidelity_kl_mean", "fidelity_js_mean", "fidelity_corr_mean", *BENCHMARK_COLUMNS,
+    "predictions",  # path of the run's predictions.npz, empty when it has none
 ]
 CURVE_COLUMNS = ID_COLUMNS + ["step", "epoch", "test_acc", "elapsed_s"]
 CONFIG_KEYS = ("targets", "sizes", "variants", "inits", "seeds", "init_strategies")
@@ -124,7 +131,38 @@ def _run_row(cell: Cell, results: Path, config: dict) -> tuple[dict, list[dict]]
         row.update(status="missing", reason=f"not evaluated (no {eval_path})" + (f": {line}" if line else ""))
     elif curves_problem:
         row.update(status="invalid", reason=curves_problem)
+    else:
+        problem = _check_predictions(run_dir / PREDICTIONS, row)
+        if problem:
+            row.update(status="invalid", reason=problem)
     return row, curves
+
+
+def _check_predictions(path: Path, row: dict) -> str:
+    """Name a finished run's predictions file in `row` if it agrees with metrics.json; else what is wrong."""
+    if not path.exists():
+        return ""
+    try:
+        predictions = read_predictions(path)
+    except PredictionsError as err:
+        return str(err)
+    samples = row.get("test_samples")
+    if samples is not None and not math.isnan(samples) and predictions.samples != samples:
+        return f"{path}: 'samples' is {predictions.samples} but metrics.json's 'test_samples' is {samples:g}"
+    acc = float(predictions.correct.mean()) if predictions.samples else math.nan
+    if not abs(acc - row["test_acc"]) <= 0.5 / max(predictions.samples, 1):
+        return f"{path}: predictions give accuracy {acc:.6f} but metrics.json's 'test_acc' is {row['test_acc']:.6f}"
+    row["predictions"] = str(path)
+    return ""
+
+
+def load_predictions(runs: pd.DataFrame) -> dict[tuple, Predictions]:
+    """(dataset, size, variant, init, design, budget, seed) -> the per-image predictions of every ok
+    run that has a predictions file (collect checked each)."""
+    if "predictions" not in runs:
+        return {}
+    ok = runs[(runs["status"] == "ok") & runs["predictions"].notna() & (runs["predictions"] != "")]
+    return {tuple(getattr(r, c) for c in ID_COLUMNS): read_predictions(r.predictions) for r in ok.itertuples()}
 
 
 def failure(cell: Cell, results: Path, config: dict) -> tuple[str, str]:

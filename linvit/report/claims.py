@@ -23,6 +23,12 @@ transfer) or a `task_weight` other than 1 is a baseline of its own, never a role
 with logit KD is not "random"). A distilling role is compared at its strategy's primary design: the
 design it names (`distill: <design>`), else the first of `distills`.
 
+Each cell's verdict is statistical (linvit.report.stats): a paired bootstrap over seeds and test
+images gives the claim's statistic an interval, and the cell "holds" when the interval clears the
+threshold on the claim's side, "fails" when it clears the other side, and is "inconclusive" when it
+straddles it. A claim is "supported" when every evaluable cell holds, "not supported" when every one
+fails, else "mixed" (with the counts) or "inconclusive".
+
 `resolve_roles` finds, among the grid's `inits`, the strategy whose `init_strategies` entry has each
 content (`attn_extra` in a copy list is ignored: it is never copied). Several strategies with the same
 content: the first in `inits` fills the role, and the report names the others.
@@ -33,11 +39,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from linvit.config import NO_DESIGN, budgets, design_names, design_specs
 from linvit.grid import REFERENCE_INIT, REFERENCE_VARIANT
 from linvit.groups import GROUPS
+from linvit.report import stats
+from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE, PairingError
 
 
 @dataclass(frozen=True)
@@ -194,9 +203,18 @@ class Thresholds:
         return cls(**values)
 
 
+NOT_EVALUABLE = "not evaluable"
+
+
 @dataclass
 class CellVerdict:
-    """One claim in one (dataset, size, variant, budget) cell: holds is None when it cannot be evaluated there."""
+    """One claim in one (dataset, size, variant, budget) cell.
+
+    outcome: holds, fails, inconclusive (the interval straddles the threshold, or there is none) or
+    not evaluable; holds is True / False for holds / fails and None otherwise. statistic, estimate,
+    low, high: the deciding statistic (for C1, the share with the higher upper bound), its point
+    estimate and interval at `level`; numbers: every statistic, with its `<name>_low` / `<name>_high`
+    bounds; seeds and images: what the interval resampled (images 0: seeds only)."""
 
     claim: str
     dataset: str
@@ -207,6 +225,23 @@ class CellVerdict:
     text: str
     numbers: dict[str, float] = field(default_factory=dict)
     why: str = ""  # when not evaluable: a short reason, shared by cells that fail the same way
+    outcome: str = ""  # from holds when not given (True: holds, False: fails, None: not evaluable)
+    statistic: str = ""
+    estimate: float = math.nan
+    low: float = math.nan
+    high: float = math.nan
+    level: float = math.nan
+    seeds: int = 0
+    images: int = 0
+    method: str = ""
+
+    def __post_init__(self):
+        if not self.outcome:
+            self.outcome = {True: HOLDS, False: FAILS}.get(self.holds, NOT_EVALUABLE)
+
+    @property
+    def evaluable(self) -> bool:
+        return self.outcome != NOT_EVALUABLE
 
 
 @dataclass
@@ -218,9 +253,12 @@ class ClaimVerdict:
     holds_in: int
     evaluable: int
     cells: list[CellVerdict]
+    fails_in: int = 0
+    inconclusive_in: int = 0
     roles: dict[str, str | None] = field(default_factory=dict)  # role -> the strategy that filled it
     designs: dict[str, str | None] = field(default_factory=dict)  # distilling role -> the design used
-    # Per budget: {"budget", "verdict", "holds_in", "evaluable", "cells"}, in the config's budget order.
+    # Per budget: {"budget", "verdict", "holds_in", "fails_in", "inconclusive_in", "evaluable", "cells"},
+    # in the config's budget order.
     by_budget: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -308,16 +346,25 @@ def claim_cells(config: dict) -> list[tuple[str, str, str, int]]:
             for v in config["variants"]]
 
 
-def evaluate_claims(runs: pd.DataFrame, config: dict) -> list[ClaimVerdict]:
-    """Verdicts for C1-C4 with the numbers behind them, per cell, per budget and overall."""
+def evaluate_claims(runs: pd.DataFrame, config: dict, predictions: dict | None = None) -> list[ClaimVerdict]:
+    """Verdicts for C1-C4 with the numbers and intervals behind them, per cell, per budget and overall.
+
+    predictions: (dataset, size, variant, init, design, budget, seed) -> linvit.predictions.Predictions;
+    by default read from the runs' `predictions` column (linvit.report.aggregate.load_predictions)."""
+    from linvit.report.aggregate import load_predictions  # aggregate is the reader of result files
+
     thresholds = Thresholds.from_config(config)
+    settings = stats.Settings.from_config(config)
+    if predictions is None:
+        predictions = load_predictions(runs)
     summary = summarize(runs, config)
+    ok = runs[runs["status"] == "ok"]
     roles = resolve_roles(config)
     cells = claim_cells(config)
     checks = {"C1": _c1, "C2": _c2, "C3": _c3}
     verdicts = []
     for claim, check in checks.items():
-        per_cell = [check(_Cell(summary, c, roles), thresholds) for c in cells]
+        per_cell = [check(_Cell(summary, c, roles, ok, predictions, settings), thresholds) for c in cells]
         absent = [roles[r].absent() for r in REQUIRED_ROLES[claim] if roles[r].strategy is None]
         verdict = _overall(claim, per_cell, absent)
         verdict.roles = {r: roles[r].strategy for r in CLAIM_ROLES[claim]}
@@ -335,6 +382,7 @@ def _per_budget(verdict: ClaimVerdict, absent: list[str], config: dict, fixed: s
     for budget in budgets(config):
         sub = _overall(verdict.claim, [c for c in verdict.cells if c.budget == budget], absent)
         verdict.by_budget.append({"budget": budget, "verdict": fixed or sub.verdict, "holds_in": sub.holds_in,
+                                  "fails_in": sub.fails_in, "inconclusive_in": sub.inconclusive_in,
                                   "evaluable": sub.evaluable, "cells": len(sub.cells)})
     if len(verdict.by_budget) < 2 or verdict.verdict.startswith("not evaluable"):
         return
@@ -352,16 +400,45 @@ def _short(verdict: str) -> str:
     return "not evaluable" if verdict.startswith("not evaluable") else verdict
 
 
+def _sides(t: Thresholds) -> dict[str, tuple[str, float, str]]:
+    """Per claim: (statistic, side, threshold) the verdict compares (stats.decide)."""
+    return {"C1": ("strict and symmetric shares", "<=", t.negligible), "C2": ("symmetric share", ">=", t.most),
+            "C3": ("difference", ">=", -t.match_tolerance)}
+
+
 class _Cell:
     """Means/stds of one (dataset, size, variant, budget) cell, looked up by role; the reference by REFERENCE_INIT."""
 
-    def __init__(self, summary: pd.DataFrame, cell: tuple[str, str, str, int], roles: dict[str, RoleMatch]):
+    def __init__(self, summary: pd.DataFrame, cell: tuple[str, str, str, int], roles: dict[str, RoleMatch],
+                 ok: pd.DataFrame | None = None, predictions: dict | None = None,
+                 settings: stats.Settings | None = None):
         self.dataset, self.size, self.variant, self.budget = cell
         self.roles = roles
+        self.settings = settings or stats.Settings()
+        self.predictions = predictions or {}
         in_cell = summary[(summary["dataset"] == self.dataset) & (summary["size"] == self.size)
                           & (summary["budget"] == self.budget)]
         self.rows = {(r.init, r.design): r for r in in_cell.itertuples()
                      if r.variant == self.variant or r.variant == REFERENCE_VARIANT}
+        self.ok = pd.DataFrame() if ok is None else ok[(ok["dataset"] == self.dataset) & (ok["size"] == self.size)
+                                                       & (ok["budget"] == self.budget)]
+
+    def runs(self, role: str) -> list[stats.Run]:
+        """The role's finished runs in this cell, each with its per-image predictions when it has them."""
+        init, design = self._key(role)
+        variant = REFERENCE_VARIANT if role == REFERENCE_INIT else self.variant
+        done = _select(self.ok, variant, init, design) if len(self.ok) else self.ok
+        out = []
+        for r in done.itertuples():
+            key = (r.dataset, r.size, r.variant, r.init, r.design, r.budget, r.seed)
+            out.append(stats.Run(int(r.seed), float(r.test_acc), self.predictions.get(key),
+                                 f"{self.label(role)} seed {r.seed}"))
+        return out
+
+    def bootstrap(self, roles: list[str], statistics: dict) -> tuple[stats.Sample, dict[str, stats.Interval]]:
+        """The roles' runs paired (stats.pair; PairingError when they cannot be) and every statistic's interval."""
+        sample = stats.pair({role: self.runs(role) for role in roles})
+        return sample, stats.bootstrap(sample, statistics, self.settings)
 
     def _key(self, role: str) -> tuple[str, str] | None:
         return (REFERENCE_INIT, NO_DESIGN) if role == REFERENCE_INIT else self.roles[role].key
@@ -397,6 +474,24 @@ class _Cell:
     def verdict(self, claim: str, holds: bool | None, text: str, **numbers: float) -> CellVerdict:
         return CellVerdict(claim, self.dataset, self.size, self.variant, self.budget, holds, text, numbers)
 
+    def judged(self, claim: str, outcome: str, deciding: str, sample: stats.Sample,
+               intervals: dict[str, stats.Interval], text: str) -> CellVerdict:
+        """A statistical verdict: outcome, the deciding statistic's interval, every statistic with its bounds."""
+        numbers = {}
+        for name, i in intervals.items():
+            numbers.update({name: i.estimate, f"{name}_low": i.low, f"{name}_high": i.high})
+        d = intervals[deciding]
+        if sample.mode == stats.NO_INTERVAL:
+            text = f"{INCONCLUSIVE}: {stats.NO_INTERVAL}. {text}"
+        holds = {HOLDS: True, FAILS: False}.get(outcome)
+        return CellVerdict(claim, self.dataset, self.size, self.variant, self.budget, holds,
+                           f"{text} Paired over {sample.describe()}.", numbers, outcome=outcome,
+                           statistic=deciding, estimate=d.estimate, low=d.low, high=d.high, level=d.level,
+                           seeds=len(sample.seeds), images=sample.images, method=sample.mode)
+
+    def unpaired(self, claim: str, err: PairingError) -> CellVerdict:
+        return self.not_evaluable(claim, "runs on different test sets", f"runs cannot be paired: {err}")
+
     def not_evaluable(self, claim: str, why: str, explanation: str) -> CellVerdict:
         verdict = self.verdict(claim, None, f"not evaluable: {explanation}")
         verdict.why = why
@@ -417,6 +512,17 @@ def _benefit(c: _Cell) -> tuple[float, str]:
     return total, f"total pretrained benefit = {c.describe(COPY_ALL)} - {c.describe(RANDOM)} = {pp(total)}"
 
 
+def _share_text(i: stats.Interval) -> str:
+    return stats.interval_text(i, unit="%")
+
+
+def _diff_text(i: stats.Interval) -> str:
+    return stats.interval_text(i, unit=" pp")
+
+
+_BENEFIT = stats.difference(COPY_ALL, RANDOM)
+
+
 def _c1(c: _Cell, t: Thresholds) -> CellVerdict:
     missing = c.missing([RANDOM, COPY_ALL, COPY_MLP, ATTN_ONLY])
     if missing:
@@ -424,15 +530,22 @@ def _c1(c: _Cell, t: Thresholds) -> CellVerdict:
     total, total_text = _benefit(c)
     if total <= 0:
         return c.no_benefit("C1", total_text)
-    strict = (c.acc(ATTN_ONLY) - c.acc(RANDOM)) / total
-    symmetric = (c.acc(COPY_ALL) - c.acc(COPY_MLP)) / total
-    holds = strict <= t.negligible and symmetric <= t.negligible
-    text = (f"{'holds' if holds else 'does not hold'} (threshold: both shares <= {pct(t.negligible)}). "
-            f"Strict: {c.describe(ATTN_ONLY)} vs {c.label(RANDOM)} gives {pct(strict)} of the benefit"
-            f"{' (worse than random)' if strict < 0 else ''}; "
-            f"symmetric: {c.label(COPY_ALL)} vs {c.describe(COPY_MLP)} gives {pct(symmetric)}"
-            f"{' (copying attention on top of the rest hurts)' if symmetric < 0 else ''}; {total_text}.")
-    return c.verdict("C1", holds, text, strict_fraction=strict, symmetric_fraction=symmetric, total_benefit=total)
+    try:
+        sample, iv = c.bootstrap([RANDOM, COPY_ALL, COPY_MLP, ATTN_ONLY], {
+            "strict_fraction": stats.share(ATTN_ONLY, RANDOM, COPY_ALL, RANDOM),
+            "symmetric_fraction": stats.share(COPY_ALL, COPY_MLP, COPY_ALL, RANDOM), "total_benefit": _BENEFIT})
+    except PairingError as err:
+        return c.unpaired("C1", err)
+    strict, symmetric = iv["strict_fraction"], iv["symmetric_fraction"]
+    outcome = stats.combine([stats.decide(strict, t.negligible, "<="), stats.decide(symmetric, t.negligible, "<=")])
+    binding = max(("strict_fraction", "symmetric_fraction"), key=lambda n: (iv[n].high, iv[n].estimate))
+    text = (f"{outcome} (threshold: both shares <= {pct(t.negligible)}). "
+            f"Strict: {c.describe(ATTN_ONLY)} vs {c.label(RANDOM)} gives {_share_text(strict)} of the benefit"
+            f"{' (worse than random)' if strict.estimate < 0 else ''}; "
+            f"symmetric: {c.label(COPY_ALL)} vs {c.describe(COPY_MLP)} gives {_share_text(symmetric)}"
+            f"{' (copying attention on top of the rest hurts)' if symmetric.estimate < 0 else ''}; {total_text} "
+            f"({_diff_text(iv['total_benefit'])}).")
+    return c.judged("C1", outcome, binding, sample, iv, text)
 
 
 def _c2(c: _Cell, t: Thresholds) -> CellVerdict:
@@ -442,52 +555,77 @@ def _c2(c: _Cell, t: Thresholds) -> CellVerdict:
     total, total_text = _benefit(c)
     if total <= 0:
         return c.no_benefit("C2", total_text)
-    symmetric = (c.acc(COPY_MLP) - c.acc(RANDOM)) / total
-    holds = symmetric >= t.most
-    numbers = {"symmetric_fraction": symmetric, "total_benefit": total}
-    if c.missing([MLP_ONLY]):
-        strict_text = f"strict share not available ({c.missing([MLP_ONLY])[MLP_ONLY]})"
+    roles = [RANDOM, COPY_ALL, COPY_MLP]
+    statistics = {"symmetric_fraction": stats.share(COPY_MLP, RANDOM, COPY_ALL, RANDOM), "total_benefit": _BENEFIT}
+    strict_missing = c.missing([MLP_ONLY])
+    if not strict_missing:
+        roles.append(MLP_ONLY)
+        statistics["strict_fraction"] = stats.share(MLP_ONLY, RANDOM, COPY_ALL, RANDOM)
+    try:
+        sample, iv = c.bootstrap(roles, statistics)
+    except PairingError as err:
+        return c.unpaired("C2", err)
+    symmetric = iv["symmetric_fraction"]
+    outcome = stats.decide(symmetric, t.most, ">=")
+    if strict_missing:
+        strict_text = f"strict share not available ({strict_missing[MLP_ONLY]})"
     else:
-        strict = (c.acc(MLP_ONLY) - c.acc(RANDOM)) / total
-        numbers["strict_fraction"] = strict
-        strict_text = (f"strict: {c.describe(MLP_ONLY)} vs {c.label(RANDOM)} gives {pct(strict)}, "
-                       f"which {'also clears' if strict >= t.most else 'does not clear'} the threshold")
-    text = (f"{'holds' if holds else 'does not hold'} (threshold: symmetric share >= {pct(t.most)}). "
-            f"Symmetric: {c.describe(COPY_MLP)} vs {c.label(RANDOM)} gives {pct(symmetric)} of the benefit; "
-            f"{strict_text}; {total_text}.")
-    return c.verdict("C2", holds, text, **numbers)
+        strict = iv["strict_fraction"]
+        clears = stats.decide(strict, t.most, ">=")
+        word = {HOLDS: "also clears", FAILS: "does not clear"}.get(clears, "straddles")
+        strict_text = (f"strict: {c.describe(MLP_ONLY)} vs {c.label(RANDOM)} gives {_share_text(strict)}, "
+                       f"which {word} the threshold")
+    text = (f"{outcome} (threshold: symmetric share >= {pct(t.most)}). "
+            f"Symmetric: {c.describe(COPY_MLP)} vs {c.label(RANDOM)} gives {_share_text(symmetric)} of the benefit; "
+            f"{strict_text}; {total_text} ({_diff_text(iv['total_benefit'])}).")
+    return c.judged("C2", outcome, "symmetric_fraction", sample, iv, text)
 
 
 def _c3(c: _Cell, t: Thresholds) -> CellVerdict:
     missing = c.missing([COPY_MLP_DISTILL, REFERENCE_INIT])
     if missing:
         return c.missing_results("C3", missing)
-    student, reference = c.acc(COPY_MLP_DISTILL), c.acc(REFERENCE_INIT)
-    difference = student - reference
-    holds = student >= reference - t.match_tolerance
-    numbers = {"difference": difference}
-    if c.missing([RANDOM]):
-        gap_text = f"gap closed not available ({c.missing([RANDOM])[RANDOM]})"
-    elif reference - c.acc(RANDOM) <= 0:
+    roles, statistics = [COPY_MLP_DISTILL, REFERENCE_INIT], {"difference": stats.difference(COPY_MLP_DISTILL, REFERENCE_INIT)}
+    random_missing = c.missing([RANDOM])
+    denominator = math.nan if random_missing else c.acc(REFERENCE_INIT) - c.acc(RANDOM)
+    if not random_missing and denominator > 0:
+        roles.append(RANDOM)
+        statistics["gap_closed"] = stats.share(COPY_MLP_DISTILL, RANDOM, REFERENCE_INIT, RANDOM)
+    try:
+        sample, iv = c.bootstrap(roles, statistics)
+    except PairingError as err:
+        return c.unpaired("C3", err)
+    difference = iv["difference"]
+    outcome = stats.decide(difference, -t.match_tolerance, ">=")
+    if random_missing:
+        gap_text = f"gap closed not available ({random_missing[RANDOM]})"
+    elif "gap_closed" not in iv:
         gap_text = (f"gap closed undefined: the softmax reference does not beat random "
-                    f"(denominator {pp(reference - c.acc(RANDOM))})")
+                    f"(denominator {pp(denominator)})")
     else:
-        gap = (student - c.acc(RANDOM)) / (reference - c.acc(RANDOM))
-        numbers["gap_closed"] = gap
-        gap_text = f"gap closed {gap:.3f} (vs {c.describe(RANDOM)})"
-    text = (f"{'holds' if holds else 'does not hold'} (threshold: within {pp(t.match_tolerance)} of the reference or above). "
-            f"{c.describe(COPY_MLP_DISTILL)} vs {c.describe(REFERENCE_INIT)}: difference {pp(difference, sign=True)}, "
-            f"{'surpasses' if difference > 0 else 'does not surpass'} the softmax model; {gap_text}.")
-    return c.verdict("C3", holds, text, **numbers)
+        gap = iv["gap_closed"]
+        gap_text = f"gap closed {stats.interval_text(gap, scale=1.0, unit='')} (vs {c.describe(RANDOM)})"
+    surpass = {HOLDS: "surpasses", FAILS: "does not surpass"}.get(_above_zero(difference), "may or may not surpass")
+    text = (f"{outcome} (threshold: within {pp(t.match_tolerance)} of the reference or above). "
+            f"{c.describe(COPY_MLP_DISTILL)} vs {c.describe(REFERENCE_INIT)}: difference {_diff_text(difference)}, "
+            f"{surpass} the softmax model; {gap_text}.")
+    return c.judged("C3", outcome, "difference", sample, iv, text)
+
+
+def _above_zero(i: stats.Interval) -> str:
+    """Whether the recipe surpasses the reference: the interval above 0, below or at most 0, or straddling."""
+    if not i.bounded:
+        return HOLDS if i.estimate > 0 else FAILS
+    return HOLDS if i.low > 0 else FAILS if i.high <= 0 else INCONCLUSIVE
 
 
 def _overall(claim: str, cells: list[CellVerdict], absent: list[str]) -> ClaimVerdict:
-    evaluable = [c for c in cells if c.holds is not None]
-    holding = sum(c.holds for c in evaluable)
+    evaluable = [c for c in cells if c.evaluable]
+    counts = {o: sum(c.outcome == o for c in evaluable) for o in stats.OUTCOMES}
     # Cells that cannot be evaluated for the same reason are named together, to keep the verdict one line.
     by_reason: dict[str, list[str]] = {}
     for c in cells:
-        if c.holds is None:
+        if not c.evaluable:
             by_reason.setdefault(c.why, []).append(_key(c))
     skipped = [f"{why} in {_cells_phrase(keys, len(cells))}" for why, keys in by_reason.items()]
     if absent:
@@ -496,31 +634,53 @@ def _overall(claim: str, cells: list[CellVerdict], absent: list[str]) -> ClaimVe
         verdict = "not evaluable: the grid has no cells"
     elif not evaluable:
         verdict = "not evaluable: " + "; ".join(skipped)
-    elif holding == len(evaluable):
-        verdict = "supported"
-    elif holding == 0:
-        verdict = "not supported"
     else:
-        verdict = f"partly supported ({holding} of {len(evaluable)} cells)"
-    detail = f"Holds in {holding} of {len(evaluable)} evaluable cells ({len(cells)} in the grid)"
+        verdict = outcome_word(counts)
+    detail = f"{counts_text(counts)} of {len(evaluable)} evaluable cells ({len(cells)} in the grid)"
     if skipped and evaluable:
         detail += "; not evaluable: " + "; ".join(skipped)
-    return ClaimVerdict(claim, STATEMENTS[claim], verdict, detail + ".", holding, len(evaluable), cells)
+    return ClaimVerdict(claim, STATEMENTS[claim], verdict, detail + ".", counts[HOLDS], len(evaluable), cells,
+                        fails_in=counts[FAILS], inconclusive_in=counts[INCONCLUSIVE])
+
+
+def outcome_word(counts: dict[str, int]) -> str:
+    """'supported' (every evaluable cell holds), 'not supported' (every one fails), 'inconclusive' (every
+    one inconclusive), else 'mixed (2 hold, 1 fail, 0 inconclusive)'."""
+    n = sum(counts.values())
+    if counts[HOLDS] == n:
+        return "supported"
+    if counts[FAILS] == n:
+        return "not supported"
+    if counts[INCONCLUSIVE] == n:
+        return f"inconclusive ({n} of {n} cells)"
+    return f"mixed ({counts[HOLDS]} hold, {counts[FAILS]} fail, {counts[INCONCLUSIVE]} inconclusive)"
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    return f"Holds in {counts[HOLDS]}, fails in {counts[FAILS]}, inconclusive in {counts[INCONCLUSIVE]}"
 
 
 def _c4(verdicts: list[ClaimVerdict], config: dict) -> ClaimVerdict:
-    """C1-C3 together, per cell; and which axes the grid spans at all."""
+    """C1-C3 together, per cell: holds when all hold, fails when any fails, else inconclusive; and which
+    axes the grid spans at all."""
     cells = []
     for parts in zip(*(v.cells for v in verdicts)):
         where = (parts[0].dataset, parts[0].size, parts[0].variant, parts[0].budget)
-        unknown = ", ".join(p.claim for p in parts if p.holds is None)
-        failing = ", ".join(p.claim for p in parts if p.holds is False)
+        unknown = ", ".join(p.claim for p in parts if not p.evaluable)
+        failing = ", ".join(p.claim for p in parts if p.outcome == FAILS)
+        open_ = ", ".join(p.claim for p in parts if p.outcome == INCONCLUSIVE)
         if unknown:
             cells.append(CellVerdict("C4", *where, None, f"not evaluable: {unknown} not evaluable here",
                                      why=f"{unknown} not evaluable"))
+        elif failing:
+            cells.append(CellVerdict("C4", *where, False, f"{FAILS}: {failing} "
+                                     f"{'fails' if ',' not in failing else 'fail'}"
+                                     + (f" ({open_} inconclusive)" if open_ else "")))
+        elif open_:
+            cells.append(CellVerdict("C4", *where, None, f"{INCONCLUSIVE}: {open_} inconclusive, the others hold",
+                                     outcome=INCONCLUSIVE))
         else:
-            cells.append(CellVerdict("C4", *where, not failing,
-                                     f"does not hold: {failing} fail" if failing else "C1-C3 all hold"))
+            cells.append(CellVerdict("C4", *where, True, f"{HOLDS}: C1-C3 all hold"))
     axes = {"datasets": config["targets"], "sizes": config["sizes"], "variants": config["variants"]}
     spanned = [f"{len(v)} {k}" for k, v in axes.items() if len(v) > 1]
     single = [f"{k} (the grid has 1: {v[0]})" for k, v in axes.items() if len(v) == 1]
@@ -528,7 +688,8 @@ def _c4(verdicts: list[ClaimVerdict], config: dict) -> ClaimVerdict:
     fixed = None
     if not spanned:
         fixed = result.verdict = "not evaluable: the grid spans a single dataset, size and variant"
-    counts = "; ".join(f"{v.claim} holds in {v.holds_in} of {v.evaluable} evaluable cells" for v in verdicts)
+    counts = "; ".join(f"{v.claim} holds in {v.holds_in}, fails in {v.fails_in}, inconclusive in "
+                       f"{v.inconclusive_in} of {v.evaluable} evaluable cells" for v in verdicts)
     scope = f"Tested across {', '.join(spanned) or 'nothing'}"
     if single:
         scope += f"; untested across {', '.join(single)}"
@@ -703,17 +864,39 @@ def unequal_distillation(table: pd.DataFrame) -> list[str]:
 
 
 def claims_markdown(verdicts: list[ClaimVerdict]) -> str:
-    """One section per claim: statement, verdict, detail, and the per-cell numbers."""
+    """One section per claim: statement, verdict, detail, a table of each cell's deciding statistic with
+    its interval, and the per-cell text."""
     parts = []
     for v in verdicts:
         parts.append(f"### {v.claim}: {v.statement}\n\n**Verdict: {v.verdict}.** {v.detail}\n")
+        judged = [c for c in v.cells if c.statistic]
+        if judged:
+            level = f"{100 * judged[0].level:g}%"
+            parts += [f"| cell | verdict | statistic | estimate | {level} interval | seeds | test images |",
+                      "|---|---|---|---|---|---|---|"]
+            parts += [f"| `{_key(c)}` | {c.outcome} | {c.statistic} | {_number(c.statistic, c.estimate)} | "
+                      f"{_bounds(c)} | {c.seeds} | {c.images or 'n/a (seeds only)'} |" for c in judged]
+            parts.append("")
         parts.extend(f"- `{_key(c)}`: {c.text}" for c in v.cells)
         parts.append("")
     return "\n".join(parts)
 
 
+def _number(statistic: str, x: float) -> str:
+    """A share as a percentage, a difference in pp (signed); 'n/a' for NaN."""
+    if x is None or math.isnan(x):
+        return "n/a"
+    return f"{100 * x:+.2f} pp" if statistic == "difference" else f"{100 * x:+.2f}%"
+
+
+def _bounds(c: CellVerdict) -> str:
+    if math.isnan(c.low) or math.isnan(c.high):
+        return "none"
+    return f"[{_number(c.statistic, c.low)}, {_number(c.statistic, c.high)}]"
+
+
 def budget_markdown(verdicts: list[ClaimVerdict]) -> str:
-    """Claim x budget: in how many of the evaluable cells each claim holds at each budget."""
+    """Claim x budget: the verdict at each budget with how many evaluable cells hold, fail, are inconclusive."""
     budgets_ = [b["budget"] for b in verdicts[0].by_budget] if verdicts else []
     rows = ["| claim | " + " | ".join(f"{b} steps" for b in budgets_) + " |",
             "|---|" + "---|" * len(budgets_)]
@@ -727,8 +910,8 @@ def _budget_cell(b: dict) -> str:
         return "not evaluable"
     word = b["verdict"].split(" (")[0]
     skipped = b["cells"] - b["evaluable"]
-    return (f"{word}: holds in {b['holds_in']} of {b['evaluable']} cells"
-            + (f" ({skipped} not evaluable)" if skipped else ""))
+    return (f"{word}: {b['holds_in']} hold, {b.get('fails_in', 0)} fail, {b.get('inconclusive_in', 0)} "
+            f"inconclusive of {b['evaluable']} cells" + (f" ({skipped} not evaluable)" if skipped else ""))
 
 
 def roles_markdown(config: dict) -> str:

@@ -740,6 +740,111 @@ def cost_table(runs: pd.DataFrame, curves: pd.DataFrame, config: dict) -> pd.Dat
     return pd.DataFrame(rows)
 
 
+DEFAULT_RECIPE_TOLERANCE = 0.01  # config claims.recipe_tolerance: "within 1 point" of the reference
+RECIPE_COLUMNS = ["dataset", "size", "variant", "budget", "recipe", "tolerance", "n_seeds", "seeds_reaching",
+                  "reference_acc_mean", "recipe_steps_mean", "recipe_student_steps_mean", "distill_steps_mean",
+                  "random_steps_mean", "speedup_mean", "reason"]
+
+
+def recipe_tolerance(config: dict) -> float:
+    value = (config.get("claims") or {}).get("recipe_tolerance", DEFAULT_RECIPE_TOLERANCE)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"config: 'claims.recipe_tolerance' is {value!r}, expected a fraction >= 0 (0.01 = 1 point)")
+    return float(value)
+
+
+def recipe_cost(runs: pd.DataFrame, curves: pd.DataFrame, config: dict, per_seed: bool = False) -> pd.DataFrame:
+    """The recipe's cost, per cell and budget: the steps the copy_mlp_distill role (at its primary
+    design) needs to come within `claims.recipe_tolerance` (default 0.01, one point) of the softmax
+    reference's final accuracy of the same seed, against the steps the random role needs to reach its
+    own final accuracy.
+
+    Per seed: recipe_student_steps is the first evaluated step on the recipe's curve (curves.csv) at or
+    above reference final - tolerance; recipe_steps adds the run's distillation steps; random_steps is
+    the first evaluated step at which the random run reaches its own final accuracy; speedup is
+    random_steps / recipe_steps. A seed counts only when the recipe, the reference and random all
+    finished it. A seed whose recipe never comes within the tolerance is NaN, and `reason` says so
+    (with the recipe's best accuracy against the target); nothing is extrapolated.
+
+    Columns (per_seed=False, one row per cell and budget): dataset, size, variant, budget, recipe (the
+    strategy filling the role, with its design), tolerance, n_seeds (seeds with all three runs),
+    seeds_reaching, reference_acc_mean, recipe_steps_mean, recipe_student_steps_mean,
+    distill_steps_mean (over the seeds that reach), random_steps_mean, speedup_mean, reason ("" when
+    every seed reaches). per_seed=True: one row per seed with `seed` and the same columns unaveraged.
+    """
+    tolerance = recipe_tolerance(config)
+    roles = resolve_roles(config)
+    recipe, random = roles[COPY_MLP_DISTILL], roles[RANDOM]
+    ok = runs[runs["status"] == "ok"]
+    seed_rows, rows = [], []
+    for dataset, size, variant, budget in _cost_cells(config):
+        where = {"dataset": dataset, "size": size, "variant": variant, "budget": budget,
+                 "recipe": recipe.label, "tolerance": tolerance}
+        if recipe.key is None or random.key is None:
+            absent = recipe if recipe.key is None else random
+            rows.append({**where, "n_seeds": 0, "seeds_reaching": 0,
+                         "reason": f"no strategy of the grid fills {absent.absent()}"})
+            continue
+        in_cell = ok[(ok["dataset"] == dataset) & (ok["size"] == size) & (ok["budget"] == budget)]
+        by_seed = {name: _select(in_cell, v, *key).set_index("seed")
+                   for name, v, key in (("recipe", variant, recipe.key), ("random", variant, random.key),
+                                        ("reference", REFERENCE_VARIANT, (REFERENCE_INIT, NO_DESIGN)))}
+        seeds = sorted(set.intersection(*(set(f.index) for f in by_seed.values())))
+        cell_rows = []
+        for seed in seeds:
+            rec, ran, ref = (by_seed[n].loc[seed] for n in ("recipe", "random", "reference"))
+            target = float(ref["test_acc"]) - tolerance
+            rec_curve = _curve(curves, dataset, size, variant, *recipe.key, budget, seed)
+            ran_curve = _curve(curves, dataset, size, variant, *random.key, budget, seed)
+            student = _first_step(rec_curve, target)
+            distill = float(rec["distill_steps"]) if pd.notna(rec["distill_steps"]) else 0.0
+            random_steps = _first_step(ran_curve, float(ran["test_acc"]))
+            reason = ""
+            if math.isnan(student):
+                best = rec_curve["test_acc"].max() if len(rec_curve) else math.nan
+                reason = (f"seed {seed}: the recipe never comes within {pp(tolerance)} of the reference "
+                          f"(best {pct(best)}, target {pct(target)})")
+            elif math.isnan(random_steps):
+                reason = f"seed {seed}: the random run's curve has no evaluation at its final accuracy"
+            recipe_steps = student + distill
+            cell_rows.append({**where, "seed": seed, "reference_acc": float(ref["test_acc"]),
+                              "recipe_student_steps": student, "distill_steps": distill if not math.isnan(student)
+                              else math.nan, "recipe_steps": recipe_steps, "random_steps": random_steps,
+                              "speedup": random_steps / recipe_steps if recipe_steps > 0 else math.nan,
+                              "reason": reason})
+        seed_rows += cell_rows
+        frame = pd.DataFrame(cell_rows)
+        reasons = [r["reason"] for r in cell_rows if r["reason"]]
+        if not seeds:
+            reasons = ["no seed finished by the recipe, random and the softmax reference alike"]
+        row = {**where, "n_seeds": len(seeds),
+               "seeds_reaching": int(frame["recipe_student_steps"].notna().sum()) if len(frame) else 0,
+               "reason": "; ".join(reasons)}
+        for column in ("reference_acc", "recipe_steps", "recipe_student_steps", "distill_steps", "random_steps",
+                       "speedup"):
+            row[f"{column}_mean"] = frame[column].mean() if len(frame) else math.nan
+        rows.append(row)
+    if per_seed:
+        columns = ["dataset", "size", "variant", "budget", "seed", "recipe", "tolerance", "reference_acc",
+                   "recipe_steps", "recipe_student_steps", "distill_steps", "random_steps", "speedup", "reason"]
+        return pd.DataFrame(seed_rows, columns=columns)
+    return pd.DataFrame(rows, columns=RECIPE_COLUMNS)
+
+
+def _curve(curves: pd.DataFrame, dataset, size, variant, init, design, budget, seed) -> pd.DataFrame:
+    if curves.empty:
+        return curves
+    return curves[(curves["dataset"] == dataset) & (curves["size"] == size) & (curves["variant"] == variant)
+                  & (curves["init"] == init) & (curves["design"] == design) & (curves["budget"] == budget)
+                  & (curves["seed"] == seed)]
+
+
+def _first_step(curve: pd.DataFrame, target: float) -> float:
+    """The first evaluated step at or above `target` (NaN when none is)."""
+    reached = curve[curve["test_acc"] >= target - 1e-12] if len(curve) else curve
+    return float(reached["step"].min()) if len(reached) else math.nan
+
+
 def _cost_cells(config: dict) -> list[tuple[str, str, str, int]]:
     """The claim cells, cell by cell (each cell's budgets side by side)."""
     return [(d, s, v, int(b)) for d in config["targets"] for s in config["sizes"] for v in config["variants"]

@@ -418,6 +418,63 @@ def test_prefetch_gives_the_same_batches_stops_early_and_raises_in_order(synth_d
     shard.write_bytes(shard.read_bytes()[:5000])
     got = []
     with pytest.raises(DataError, match=r"train-0001\.tar: corrupt shard"):
-        for batch in ShardSet(broken, verify=False, prefetch=2).batches("train", 10):
+        # cache_bytes=0: unshuffled batches through the stream (and its thread), not the decoded cache.
+        for batch in ShardSet(broken, verify=False, prefetch=2, cache_bytes=0).batches("train", 10):
             got.append(batch)
     assert _same(got, _all(ShardSet(synth_dir).batches("train", 10))[:len(got)]) and got
+
+
+def test_unshuffled_batches_are_decoded_once_and_equal_the_stream(synth_dir, tmp_path):
+    import shutil
+
+    d = tmp_path / "d"
+    shutil.copytree(synth_dir, d)
+    cached, streamed = ShardSet(d), ShardSet(d, cache_bytes=0)
+    n = cached.num_samples("test")
+    requests = [dict(batch_size=7, limit=5), dict(batch_size=10), dict(batch_size=9, limit=20, skip_batches=1),
+                dict(batch_size=6, drop_last=True), dict(batch_size=n + 5)]
+    for kw in requests:  # in this order: a short request first, then the cache grows
+        assert _same(_all(cached.batches("test", **kw)), _all(streamed.batches("test", **kw))), kw
+    # Decoded once: with the shards gone, the cached split still gives the same batches.
+    want = _all(streamed.batches("test", 8))
+    for shard in d.glob("test-*.tar"):
+        shard.unlink()
+    assert _same(_all(cached.batches("test", 8)), want)
+    # A batch changed in place by its consumer does not change the cache.
+    x, _ = next(cached.batches("test", 8))
+    x.zero_()
+    assert _same(_all(cached.batches("test", 8)), want)
+    # Shuffled (training) batches never come from the cache.
+    with pytest.raises(MissingDataError, match="test-0000.tar"):
+        _all(cached.batches("test", 8, shuffle=True))
+
+
+@pytest.mark.parametrize("fmt", ["USTAR_FORMAT", "GNU_FORMAT", "PAX_FORMAT"])
+def test_tar_reader_gives_the_regular_files_tarfile_gives(tmp_path, fmt):
+    import io
+    import tarfile
+
+    from linvit.data.loader import _TarReader
+
+    files = {"a/x.png": b"\x89PNG" * 100, "b" * 90 + "/" + "c" * 60 + ".cls": b"3", "é.json": b"{}",
+             "__meta__": b"skipped, as webdataset skips it", "empty.txt": b""}
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=getattr(tarfile, fmt)) as tar:
+        folder = tarfile.TarInfo("a")
+        folder.type = tarfile.DIRTYPE
+        tar.addfile(folder)  # a member that is not a regular file
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with open(path, "rb") as f:
+        reader = _TarReader(f)
+        got = list(reader.members())
+        digest = reader.hexdigest_of_rest()
+    assert got == [(n, d) for n, d in files.items() if n != "__meta__"]
+    import hashlib
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()
+    broken = bytearray(path.read_bytes())
+    broken[600] ^= 0xFF  # inside the second header
+    with pytest.raises(DataError, match="checksum"):
+        list(_TarReader(io.BytesIO(bytes(broken))).members())

@@ -257,6 +257,31 @@ def test_the_student_step_writes_every_test_images_prediction(shards, tmp_path, 
     assert set(p.label) <= set(range(4))
 
 
+def test_predictions_gathered_over_ranks_are_the_split_in_order(shards):
+    # Under torchrun each rank evaluates its share of every batch (linvit.data.loader); the gathered
+    # labels must be the one-process labels, image for image, with batches that do not split evenly.
+    from linvit.data.loader import ShardSet
+    from linvit.evaluate import _gathered
+
+    class Rank:  # a world of 2 whose sum adds what both ranks contribute
+        size = 2
+
+        def __init__(self, rank, shares):
+            self.rank, self.shares = rank, shares
+
+        def sum(self, *values):
+            self.shares.append(np.asarray(values))
+            return tuple(np.sum(self.shares, axis=0)) if len(self.shares) == 2 else values
+
+    data = ShardSet(shards)
+    whole = np.concatenate([y.numpy() for _, y in data.batches("test", 7)])
+    shares = []
+    parts = [[y.numpy() for _, y in data.batches("test", 7, rank=r, ranks=2)] for r in (0, 1)]
+    _gathered(parts[0], len(whole), 7, Rank(0, shares))
+    gathered = _gathered(parts[1], len(whole), 7, Rank(1, shares))
+    assert len(whole) == 32 and np.array_equal(gathered, whole)
+
+
 # ----------------------------------------------------------------------------- the recipe's cost
 
 

@@ -141,12 +141,15 @@ def _start(out_dir, runtime: Runtime) -> Path:
 
 
 def _data(shards_dir, runtime: Runtime, spec: dict, arch: dict | None) -> ShardSet:
-    """The shards, read as the runtime wants (on a GPU, decoded ahead in the background into pinned
-    memory, so the device does not wait; on the CPU, in the loop) through the input pipeline of
-    this dataset (config entry `spec`) and teacher (`arch`; see linvit.inputs)."""
+    """The shards, read as the runtime wants through the input pipeline of this dataset (config
+    entry `spec`) and teacher (`arch`; see linvit.inputs): decoded ahead in a background thread
+    (on a GPU into pinned memory), so a training step does not wait for its batch. On the CPU a
+    pipeline's batches are transformed in the loop: ahead, they would need a worker process per
+    iterator (see linvit.data.loader), whose start costs more than it saves on a small job."""
     info = read_manifest(Path(shards_dir) / MANIFEST)
-    return ShardSet(shards_dir, workers=runtime.workers, prefetch=2 if runtime.cuda else 0,
-                    pin_memory=runtime.cuda, pipeline=inputs.pipeline(spec, arch, info))
+    pipeline = inputs.pipeline(spec, arch, info)
+    return ShardSet(shards_dir, workers=runtime.workers, prefetch=2 if runtime.cuda or pipeline is None else 0,
+                    pin_memory=runtime.cuda, pipeline=pipeline)
 
 
 def _input_keys(dataset: str) -> list[str]:

@@ -317,7 +317,9 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     step builds it). A checkpoint in `out_dir` is resumed only when made under an equal fingerprint;
     otherwise, or when a checkpoint file is unreadable, one line on stderr says why and training
     starts afresh. Returns a summary (steps, epochs, time, images seen, last loss, final
-    evaluation). Raises TrainingDiverged (see `diverged`), leaving the last checkpoint in place.
+    evaluation): train_time_s is the training loop's time (with any intermediate evaluations and
+    checkpoints; over a resumed run, all of it), eval_time_s the seconds this call spent evaluating.
+    Raises TrainingDiverged (see `diverged`), leaving the last checkpoint in place.
 
     `runtime`: device, precision and compile backend (default: CPU, fp32, eager). The task's
     model must already be on its device (the step moves it there before building the task).
@@ -393,8 +395,16 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         # In place (nn.Module.compile): parameters, state_dict keys and checkpoints stay as in eager.
         for module in getattr(task, "compiled_modules", lambda: [model])():
             module.compile(backend=runtime.compile)
+    eval_time = [0.0]  # seconds this call spent evaluating (its own cost, beside train_time_s)
+
+    def evaluate(at_step, epoch, final):
+        start = time.perf_counter()
+        result = _evaluate(task, log, at_step, epoch, elapsed, final=final, runtime=runtime)
+        eval_time[0] += time.perf_counter() - start
+        return result
+
     if resumed is None and spec.eval_every:
-        _evaluate(task, log, 0, 0, 0.0, final=False, runtime=runtime)  # what the initialization alone gives
+        evaluate(0, 0, final=False)  # what the initialization alone gives
     bar = _progress(spec.steps, step, desc, quiet=not world.main)
     last_loss, started = float("nan"), time.perf_counter() - elapsed
     model.train()
@@ -433,18 +443,19 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
                     log.write({"kind": "train", "step": step, "epoch": epoch, "loss": last_loss,
                                "lr": scheduler.get_last_lr()[0], "elapsed_s": round(elapsed, 3)})
                 if spec.eval_every and step % spec.eval_every == 0 and step < spec.steps:
-                    _evaluate(task, log, step, epoch, elapsed, final=False, runtime=runtime)
+                    evaluate(step, epoch, final=False)
                 epoch_end = step % steps_per_epoch == 0
                 if step < spec.steps and (epoch_end or (spec.checkpoint_every and step % spec.checkpoint_every == 0)):
                     checkpoint()
                 if step >= spec.steps or epoch_end:
                     break
         bar.close()
-        final = _evaluate(task, log, step, (step - 1) // steps_per_epoch, elapsed, final=True, runtime=runtime)
+        final = evaluate(step, (step - 1) // steps_per_epoch, final=True)
     finally:
         log.close()
     return {"steps": step, "epochs": step / steps_per_epoch, "train_time_s": round(elapsed, 3),
-            "images_seen": step * spec.batch_size, "final_loss": last_loss, **final}
+            "eval_time_s": round(eval_time[0], 3), "images_seen": step * spec.batch_size,
+            "final_loss": last_loss, **final}
 
 
 def _diverged_message(desc: str, spec: TrainSpec, value: float, start_loss: float, step: int) -> str:

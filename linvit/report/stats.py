@@ -169,7 +169,7 @@ def bootstrap(sample: Sample, statistics: Mapping[str, Statistic], settings: Set
     roles = list(sample.matrices)
     stacked = np.concatenate([sample.matrices[r] for r in roles])  # (roles*seeds, images)
     n_seeds, n_images = len(sample.seeds), stacked.shape[1]
-    point = stacked.mean(axis=1).reshape(len(roles), n_seeds).mean(axis=1)
+    point = stacked.mean(axis=1, dtype=np.float64).reshape(len(roles), n_seeds).mean(axis=1)
     estimates = {name: float(f({r: point[i:i + 1] for i, r in enumerate(roles)})[0]) for name, f in statistics.items()}
     if sample.mode == NO_INTERVAL:
         return {name: Interval(v, math.nan, math.nan, settings.level) for name, v in estimates.items()}
@@ -180,7 +180,8 @@ def bootstrap(sample: Sample, statistics: Mapping[str, Statistic], settings: Set
         k = min(_CHUNK, settings.replicates - start)
         if resample_images:
             counts = _multinomial_counts(rng, n_images, k)  # (k, images)
-            per_seed = (stacked @ counts.T) / n_images        # (roles*seeds, k)
+            # (k, images) @ (images, roles*seeds): this operand order is ~20x faster in OpenBLAS than the transpose.
+            per_seed = (counts @ stacked.T).T / n_images      # (roles*seeds, k)
         else:
             per_seed = np.repeat(stacked, k, axis=1)
         seed_counts = _multinomial_counts(rng, n_seeds, k) if n_seeds > 1 else np.ones((k, 1))
@@ -199,7 +200,8 @@ def bootstrap(sample: Sample, statistics: Mapping[str, Statistic], settings: Set
 
 def _multinomial_counts(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
     """k rows of how often each of n items is drawn in n draws with replacement (float32)."""
-    idx = rng.integers(0, n, size=(k, n)) + (np.arange(k) * n)[:, None]
+    idx = rng.integers(0, n, size=(k, n), dtype=np.int32)  # half the memory traffic of int64
+    idx += (np.arange(k, dtype=np.int32) * n)[:, None]       # row r counts into bins r*n .. r*n+n-1
     return np.bincount(idx.ravel(), minlength=k * n).reshape(k, n).astype(np.float32)
 
 

@@ -13,8 +13,10 @@ rule evaluate:
         init=_alternatives(list(config["init_strategies"]) + [grid.REFERENCE_INIT]),
     params:
         cfg=lambda wc: job_config("evaluation", "runtime", *input_keys(wc.dataset)),
-        run=in_folder("run_metrics"),
-        teacher=in_folder("teacher_json"),
+        # Strings with wildcards, not functions: Snakemake formats them without inspecting a
+        # callable per job (planning time grows with the number of callables per job).
+        run=RUN,
+        teacher=TEACHER_DIR,
     log:
         grid.log_path("evaluate", RUN_KEY),
     benchmark:

@@ -12,8 +12,10 @@ rule distill:
         # evaluation: the probe batch is evaluation.fidelity_samples test images.
         cfg=lambda wc: job_config("distill", f"distill_designs.{wc.design}", f"init_strategies.{wc.init}",
                                   "evaluation", "runtime", *input_keys(wc.dataset)),
-        teacher=in_folder("teacher_json"),
-        out=out_folder,
+        # Strings with wildcards, not functions: Snakemake formats them without inspecting a
+        # callable per job (planning time grows with the number of callables per job).
+        teacher=TEACHER_DIR,
+        out=DISTILL,
         launch=launcher,
         threads=rank_threads,
     log:
@@ -43,8 +45,8 @@ rule reference:
         cfg=lambda wc: job_config("student", "runtime", *input_keys(wc.dataset)),
         variant=grid.REFERENCE_VARIANT,
         init=grid.REFERENCE_INIT,
-        teacher=in_folder("teacher_json"),
-        out=out_folder,
+        teacher=TEACHER_DIR,
+        out=REFERENCE,
         launch=launcher,
         threads=rank_threads,
     log:
@@ -70,9 +72,9 @@ rule student:
         **files(RUN, grid.STUDENT_FILES),
     params:
         cfg=lambda wc: job_config("student", f"init_strategies.{wc.init}", "runtime", *input_keys(wc.dataset)),
-        teacher=in_folder("teacher_json"),
+        teacher=TEACHER_DIR,
         distilled=distilled_option,
-        out=out_folder,
+        out=RUN,
         launch=launcher,
         threads=rank_threads,
     log:

@@ -11,7 +11,7 @@ rule teacher:
     params:
         cfg=job_config("teacher", "runtime", *input_keys(TEACHER.get("dataset", ""))),
         seed=TEACHER.get("seed", 0),
-        out=out_folder,
+        out=TEACHER_DIR,
         launch=launcher,
         threads=rank_threads,
     log:
@@ -38,7 +38,7 @@ rule teacher_pretrained:
         size=_alternatives(LOADED_SIZES),
     params:
         cfg=lambda wc: job_config(f"teachers.{wc.size}"),
-        out=out_folder,
+        out=TEACHER_DIR,
     log:
         grid.log_path("teacher", "{size}"),
     benchmark:

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 from . import __version__
+
+
+def stamp(name: str) -> None:
+    """With LINVIT_STAMPS=FILE in the environment, append "<name> <unix time>" to FILE: the points
+    `linvit bench jobcost` splits a job's time at (imports done, command done). Otherwise nothing."""
+    path = os.environ.get("LINVIT_STAMPS")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{name} {time.time():.6f}\n")
 
 
 def _config(args) -> dict:
@@ -81,6 +92,7 @@ def cmd_distill(args):
 def cmd_student(args):
     from .steps import run_student
 
+    stamp("imported")
     config = _config(args)
     rt = _runtime(args, config)
     m = run_student(config, args.dataset, args.size, args.variant, args.init, args.seed, args.teacher,
@@ -153,6 +165,18 @@ def cmd_benchmark(args):
     print(f"wrote {args.out}")
 
 
+def cmd_bench(args):
+    from .bench import BENCHMARKS, run
+
+    names = list(BENCHMARKS) if args.which == "all" else [args.which]
+    try:
+        run(names, config_path=args.config, shards=args.shards, out_dir=args.out_dir, steps=args.steps,
+            repeats=args.repeats, images=args.images, jobs=args.jobs, baseline=args.baseline,
+            job_repeats=args.job_repeats)
+    except RuntimeError as err:  # a subprocess (snakemake, the job) failed: its message, one line
+        raise ValueError(str(err)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="linvit", description=__doc__)
     parser.add_argument("--version", action="version", version=f"linvit {__version__}")
@@ -219,10 +243,44 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--device", default=None, help=device_help)
     bench.add_argument("--out", default="results/benchmark/attention.csv")
     bench.set_defaults(fn=cmd_benchmark)
+    harness = sub.add_parser("bench", help="the harness's own speed against issue 10's targets "
+                                           "(results/bench/<machine>.csv)")
+    harness.add_argument("which", choices=["train", "loader", "plan", "jobcost", "all"])
+    harness.add_argument("--config", default=None, help="the grid whose student settings are timed "
+                                                        "(default: workflow/config/default.yaml)")
+    harness.add_argument("--shards", default=None, help="a shard folder to read (default: scikit-learn digits, "
+                                                        "written to a temporary folder)")
+    harness.add_argument("--out-dir", default="results/bench", help="where <machine>.csv goes")
+    harness.add_argument("--steps", type=int, default=20, help="train: steps per repeat (at most an epoch)")
+    harness.add_argument("--repeats", type=int, default=3, help="train: repeats (medians reported)")
+    harness.add_argument("--images", type=int, default=4096, help="loader: images read")
+    harness.add_argument("--jobs", type=int, default=2000, help="plan: about this many jobs")
+    harness.add_argument("--baseline", default=None,
+                         help="jobcost: a checkout of another revision to run the same job with, side by side "
+                              "(e.g. git worktree add /tmp/old 5dadba5); default: the 28.9 s recorded")
+    harness.add_argument("--job-repeats", type=int, default=1, help="jobcost: runs of each job (medians)")
+    harness.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    harness.set_defaults(fn=cmd_bench, config_json=None)
     return parser
 
 
 def main(argv=None) -> int:
+    """Run one command; 0 on success. Called without `argv` (the `linvit` console command), the
+    process ends here through os._exit once its output is flushed: a job's result is written by
+    then, and tearing down torch's modules and objects at interpreter exit took ~2 s per job."""
+    code = _run(argv)
+    stamp("finished")
+    if argv is None:
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def _run(argv) -> int:
     from .train import TrainingDiverged
 
     args = build_parser().parse_args(argv)

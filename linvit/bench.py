@@ -1,0 +1,369 @@
+"""`linvit bench`: the harness's own speed, measured against issue 10's targets.
+
+Each benchmark returns rows (benchmark, metric, value, unit, target, meets); `save` writes them,
+with the machine's slug, to results/bench/<machine>.csv, replacing that benchmark's earlier rows and
+keeping the others'. Progress goes to stderr.
+
+- train:   images/s of `fit`'s training steps (its own train_time_s: loader included, evaluation
+           excluded) against a bare PyTorch loop with the same model, AdamW groups, clip, schedule
+           and loss on batches already in memory; alternating, medians of repeats. Target >= 0.95.
+           Also the final evaluation's own cost (fit's eval_time_s on the full test split).
+- loader:  images/s of the train pipeline a job builds (steps._data: the config's transform and
+           worker settings), against the bare loop's consumption. Target >= 5x.
+- plan:    seconds of `snakemake -n --quiet` on a generated grid of about `jobs` jobs. Target <= 15 s.
+- jobcost: a 1-step student run as the Snakemake rule runs it (a subprocess), split into
+           interpreter+imports, setup, training, evaluations and exit (LINVIT_STAMPS, see
+           linvit.cli.stamp); against a baseline checkout run the same way when given, else
+           against the 28.9 s recorded before issue 10. Target: half or less.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO / "workflow" / "config" / "default.yaml"
+COLUMNS = ["benchmark", "metric", "value", "unit", "target", "meets", "machine"]
+BENCHMARKS = ("train", "loader", "plan", "jobcost")
+RECORDED_JOB_S = 28.9  # a 1-step student's total before issue 10 (README: Harness benchmarks)
+TRAIN_RATIO, LOADER_RATIO, PLAN_S, JOB_FRACTION = 0.95, 5.0, 15.0, 0.5
+
+
+def say(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def machine_slug() -> str:
+    """A filesystem-safe name of this machine: CPU model and core count, plus the GPU's name."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1]
+                break
+    except OSError:
+        pass
+    parts = [_slug(model) or "cpu", f"{os.cpu_count()}cores"]
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            parts.append(_slug(torch.cuda.get_device_name(0)))
+    except Exception:  # noqa: BLE001 - no usable CUDA: a CPU machine
+        pass
+    return "-".join(parts)
+
+
+def row(benchmark: str, metric: str, value: float, unit: str, target: str = "", meets: bool | None = None) -> dict:
+    return {"benchmark": benchmark, "metric": metric, "value": value, "unit": unit, "target": target,
+            "meets": "" if meets is None else bool(meets)}
+
+
+def save(rows: list[dict], out_dir: str | Path, machine: str | None = None) -> Path:
+    """Write `rows` to <out_dir>/<machine>.csv: the rows of their benchmarks replace those already
+    there, the other benchmarks' rows stay."""
+    from .io import atomic_path
+
+    machine = machine or machine_slug()
+    path = Path(out_dir) / f"{machine}.csv"
+    new = pd.DataFrame(rows, columns=COLUMNS[:-1]).assign(machine=machine)[COLUMNS]
+    if path.exists():
+        try:
+            old = pd.read_csv(path, keep_default_na=False)
+        except (ValueError, pd.errors.ParserError) as err:
+            raise ValueError(f"{path}: not a benchmark CSV ({err}); move it away") from None
+        if list(old.columns) != COLUMNS:
+            raise ValueError(f"{path}: columns {list(old.columns)}, expected {COLUMNS}; move it away")
+        new = pd.concat([old[~old["benchmark"].isin(set(new["benchmark"]))], new], ignore_index=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        new.to_csv(tmp, index=False)
+    return path
+
+
+def table(rows: list[dict]) -> str:
+    df = pd.DataFrame(rows, columns=COLUMNS[:-1])
+    df["value"] = [f"{v:.4g}" if isinstance(v, float) else v for v in df["value"]]
+    return df.to_string(index=False)
+
+
+# -- shared setup ------------------------------------------------------------------------------
+
+def load(config_path: str | Path | None) -> dict:
+    from .config import load_config
+
+    return load_config(config_path or DEFAULT_CONFIG)
+
+
+def digits_shards(out_dir: str | Path) -> Path:
+    """scikit-learn's digits (28x28, real images) written by the harness's shard writer: what the
+    benchmarks read when not given --shards."""
+    from .data.shards import write_shards
+
+    out = Path(out_dir) / "digits"
+    if not (out / "_info.json").exists():
+        write_shards("digits", {"source": "digits"}, out, samples_per_shard=500, workers=1)
+    return out
+
+
+def _student_spec(config: dict, steps: int, **changes):
+    from .train import TrainSpec
+
+    return TrainSpec.from_dict({**config["student"]["train"], "steps": steps, **changes}, "student.train")
+
+
+def _job_data(config: dict, shards: Path, runtime):
+    """The shards as a student job reads them (steps._data: transform, workers, prefetch)."""
+    from .steps import _data
+
+    dataset = _dataset_of(shards)
+    return _data(shards, runtime, config.get("datasets", {}).get(dataset, {}), None)
+
+
+def _dataset_of(shards: Path) -> str:
+    from .data.loader import read_manifest
+    from .data.shards import MANIFEST
+
+    return str(read_manifest(Path(shards) / MANIFEST).get("dataset", Path(shards).name))
+
+
+def _model(config: dict, data, seed: int = 0):
+    import torch
+
+    from .models import build_vit
+
+    torch.manual_seed(seed)
+    return build_vit(config["sizes"][0], variant=config["variants"][0], num_classes=data.num_classes,
+                     img_size=tuple(data.input_size), in_chans=data.channels)
+
+
+def bare_loop(config: dict, data, batches: list, spec) -> float:
+    """Images/s of a plain PyTorch loop: the harness's model, AdamW groups, schedule, clip and loss,
+    on `batches` already in memory (every step timed, the first included, as in fit)."""
+    import torch
+    import torch.nn.functional as F
+
+    from .train import param_groups
+
+    model = _model(config, data).train()
+    named = list(model.named_parameters())
+    optimizer = torch.optim.AdamW(param_groups(model, named, spec.weight_decay), lr=spec.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
+    start = time.perf_counter()
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y, label_smoothing=spec.label_smoothing)
+        loss.backward()
+        if spec.clip_grad:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad)
+        optimizer.step()
+        scheduler.step()
+    return len(batches) * spec.batch_size / (time.perf_counter() - start)
+
+
+def _train_batches(data, spec, steps: int) -> list:
+    return [b for _, b in zip(range(steps), data.batches("train", spec.batch_size, seed=0, epoch=0, shuffle=True,
+                                                           drop_last=True))]
+
+
+# -- the benchmarks ----------------------------------------------------------------------------
+
+def bench_train(config: dict, shards: Path, *, steps: int = 20, repeats: int = 3) -> tuple[list[dict], float]:
+    """Rows, and the bare loop's images/s (the loader benchmark's consumption)."""
+    from .device import cpu_runtime
+    from .steps import ClassifyTask
+    from .train import fit
+
+    runtime = cpu_runtime()
+    data = _job_data(config, shards, runtime)
+    steps = max(1, min(steps, data.steps_per_epoch("train", config["student"]["train"]["batch_size"])))
+    # No intermediate evaluation or checkpoint: fit's train_time_s is its training steps alone.
+    spec = _student_spec(config, steps, eval_every=0, checkpoint_every=0)
+    batches = _train_batches(data, spec, steps)
+    harness, bare, evals = [], [], []
+    with tempfile.TemporaryDirectory(prefix="linvit-bench-") as tmp:
+        for r in range(repeats):
+            say(f"train: repeat {r + 1}/{repeats}: bare loop, then fit ({steps} steps of {spec.batch_size})")
+            bare.append(bare_loop(config, data, batches, spec))
+            task = ClassifyTask(_model(config, data), data, spec, runtime)
+            summary = fit(task, spec, data, Path(tmp) / f"run{r}", seed=0, desc="bench", runtime=runtime)
+            harness.append(steps * spec.batch_size / summary["train_time_s"])
+            evals.append(summary["eval_time_s"])
+    ratio = statistics.median(harness) / statistics.median(bare)
+    test = data.num_samples("test")
+    rows = [row("train", "bare_loop_images_per_s", statistics.median(bare), "images/s"),
+            row("train", "fit_images_per_s", statistics.median(harness), "images/s"),
+            row("train", "fit_over_bare", ratio, "ratio", f">= {TRAIN_RATIO}", ratio >= TRAIN_RATIO),
+            row("train", "final_eval_s", statistics.median(evals), "s"),
+            row("train", "final_eval_images", float(test), "images"),
+            row("train", "final_eval_images_per_s", test / max(statistics.median(evals), 1e-9), "images/s")]
+    return rows, statistics.median(bare)
+
+
+def bench_loader(config: dict, shards: Path, *, images: int = 4096, consumption: float | None = None,
+                 steps: int = 10) -> list[dict]:
+    from .device import runtime as make_runtime
+
+    runtime = make_runtime(config, "cpu")  # the config's workers on the CPU (the grid's default machine)
+    data = _job_data(config, shards, runtime)
+    spec = _student_spec(config, 1)
+    if consumption is None:
+        say(f"loader: the bare loop's consumption ({steps} steps of {spec.batch_size})")
+        batches = _train_batches(data, spec, steps)
+        bare_loop(config, data, batches[:1], spec)  # warm-up
+        consumption = bare_loop(config, data, batches, spec)
+    say(f"loader: {images} images through the train pipeline (workers {runtime.workers}, "
+        f"prefetch {data.prefetch}, transform {'timm' if data.pipeline is not None else 'none'})")
+    seen, epoch, start, first = 0, 0, time.perf_counter(), None
+    while seen < images:
+        for x, _ in data.batches("train", spec.batch_size, seed=0, epoch=epoch, shuffle=True, drop_last=True):
+            first = first if first is not None else time.perf_counter() - start
+            seen += len(x)
+            if seen >= images:
+                break
+        epoch += 1
+    rate = seen / (time.perf_counter() - start)
+    ratio = rate / consumption
+    return [row("loader", "loader_images_per_s", rate, "images/s"),
+            row("loader", "first_batch_s", first, "s"),
+            row("loader", "training_images_per_s", consumption, "images/s"),
+            row("loader", "loader_over_training", ratio, "ratio", f">= {LOADER_RATIO:g}", ratio >= LOADER_RATIO)]
+
+
+def plan_config(config: dict, jobs: int) -> dict:
+    """The config with as many seeds as it takes for about `jobs` jobs (the other axes as they are)."""
+    from .grid import all_cells
+
+    one = {**config, "seeds": [0]}
+    cells = all_cells(one)
+    distills = len({c.distill_key for c in cells if c.distills})
+    per_seed = 2 * len(cells) + distills  # a student or reference and its evaluation; the distillations
+    fixed = len(one["targets"]) + len(config["sizes"]) + 2  # shards, teachers, report, all
+    seeds = max(1, math.ceil((jobs - fixed) / per_seed))
+    return {**config, "seeds": list(range(seeds))}
+
+
+def bench_plan(config: dict, *, jobs: int = 2000) -> list[dict]:
+    import yaml
+
+    grid_config = plan_config(config, jobs)
+    with tempfile.TemporaryDirectory(prefix="linvit-plan-") as tmp:
+        path = Path(tmp) / "grid.yaml"
+        path.write_text(yaml.safe_dump(grid_config))
+        cmd = [str(Path(sys.executable).parent / "snakemake"), "-n", "--quiet", "rules", "-s", str(REPO / "Snakefile"),
+               "--configfile", str(path), "--directory", tmp, "--cores", "1"]
+        say(f"plan: snakemake -n on {len(grid_config['seeds'])} seeds of the grid")
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"snakemake -n failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+    found = re.search(r"^total\s+(\d+)", proc.stdout + proc.stderr, re.M)
+    if not found:
+        raise RuntimeError("snakemake -n printed no job count ('total N')")
+    return [row("plan", "jobs", float(found.group(1)), "jobs"),
+            row("plan", "dry_run_s", seconds, "s", f"<= {PLAN_S:g}", seconds <= PLAN_S)]
+
+
+def _job_command(shards: Path, teacher: Path, out: Path, config_json: str) -> list[str]:
+    return [sys.executable, "-m", "linvit.cli", "student", "--config-json", config_json, "--dataset", _dataset_of(shards),
+            "--size", "micro", "--variant", "elu", "--init", "copy_mlp", "--design", "none", "--seed", "0",
+            "--budget", "1", "--teacher", str(teacher), "--shards", str(shards), "--out", str(out), "--threads", "1"]
+
+
+def _run_job(code: Path, shards: Path, teacher: Path, out: Path, config_json: str) -> dict:
+    """One 1-step student job in a fresh interpreter, with `code` (a checkout) as the linvit it imports."""
+    stamps = out.parent / f"{out.name}.stamps"
+    env = {**os.environ, "PYTHONPATH": str(code), "LINVIT_STAMPS": str(stamps)}
+    start = time.time()
+    proc = subprocess.run(_job_command(shards, teacher, out, config_json), cwd=code, env=env,
+                          capture_output=True, text=True)
+    end = time.time()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the 1-step student job ({code}) failed: {proc.stderr.strip()[-500:]}")
+    metrics = json.loads((out / "metrics.json").read_text())
+    marks = dict(line.split() for line in stamps.read_text().splitlines()) if stamps.exists() else {}
+    result = {"total": end - start, "training": metrics["train_time_s"]}
+    if {"imported", "finished"} <= set(marks) and "eval_time_s" in metrics:
+        imported, finished = float(marks["imported"]), float(marks["finished"])
+        result.update(imports=imported - start, evaluations=metrics["eval_time_s"], exit=end - finished,
+                      setup=finished - imported - metrics["train_time_s"] - metrics["eval_time_s"])
+    return result
+
+
+def bench_jobcost(config: dict, shards: Path, *, baseline: str | Path | None = None, repeats: int = 1) -> list[dict]:
+    """The 1-step student of the Snakemake rule: `linvit student ... --budget 1` with the job's config
+    slice, on `shards` (its test split is what the final evaluation reads)."""
+    from .device import cpu_runtime
+    from .steps import run_teacher
+
+    dataset = _dataset_of(shards)
+    job = {"student": config["student"], "init_strategies": {"copy_mlp": config["init_strategies"]["copy_mlp"]},
+           "datasets": {dataset: config.get("datasets", {}).get(dataset, {"source": dataset})}}
+    with tempfile.TemporaryDirectory(prefix="linvit-job-") as tmp:
+        tmp = Path(tmp)
+        say(f"jobcost: a 1-step teacher on {dataset} for the students to start from")
+        teacher_config = {**config, "teacher": {**config["teacher"], "dataset": dataset,
+                                                "train": {**config["teacher"]["train"], "steps": 1, "eval_every": 0,
+                                                          "batch_size": config["student"]["train"]["batch_size"]}}}
+        run_teacher(teacher_config, "micro", 0, shards, tmp / "teacher", runtime=cpu_runtime())
+        runs: dict[str, list[dict]] = {"now": [], "baseline": []}
+        for r in range(repeats):
+            for name, code in [("now", REPO), ("baseline", baseline)]:
+                if code is None:
+                    continue
+                say(f"jobcost: repeat {r + 1}/{repeats}: 1-step student with {code}")
+                runs[name].append(_run_job(Path(code), shards, tmp / "teacher", tmp / f"{name}{r}", json.dumps(job)))
+    now = {k: statistics.median(run[k] for run in runs["now"]) for k in runs["now"][0]}
+    old = statistics.median(run["total"] for run in runs["baseline"]) if baseline else RECORDED_JOB_S
+    rows = [row("jobcost", f"{part}_s", now[part], "s")
+            for part in ("imports", "setup", "training", "evaluations", "exit") if part in now]
+    rows.append(row("jobcost", "baseline_total_s", old, "s"))
+    limit = JOB_FRACTION * old
+    rows.append(row("jobcost", "total_s", now["total"], "s", f"<= {limit:.3g}", now["total"] <= limit))
+    return rows
+
+
+def run(names: list[str], *, config_path=None, shards=None, out_dir="results/bench", steps: int = 20,
+        repeats: int = 3, images: int = 4096, jobs: int = 2000, baseline=None, job_repeats: int = 1,
+        machine: str | None = None) -> list[dict]:
+    """Run the benchmarks `names` in order, print each table, save the rows; returns all rows."""
+    config = load(config_path)
+    out = []
+    with tempfile.TemporaryDirectory(prefix="linvit-bench-data-") as tmp:
+        data = Path(shards) if shards else None
+        consumption = None
+        for name in names:
+            if name != "plan" and data is None:
+                say("writing scikit-learn digits shards to read")
+                data = digits_shards(tmp)
+            if name == "train":
+                rows, consumption = bench_train(config, data, steps=steps, repeats=repeats)
+            elif name == "loader":
+                rows = bench_loader(config, data, images=images, consumption=consumption)
+            elif name == "plan":
+                rows = bench_plan(config, jobs=jobs)
+            elif name == "jobcost":
+                rows = bench_jobcost(config, data, baseline=baseline, repeats=job_repeats)
+            else:
+                raise ValueError(f"unknown benchmark {name!r} (known: {', '.join(BENCHMARKS)}, all)")
+            path = save(rows, out_dir, machine)
+            print(f"{name}:\n{table(rows)}\n(wrote {path})", flush=True)
+            out += rows
+    return out

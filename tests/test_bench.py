@@ -1,0 +1,81 @@
+"""linvit bench: the CSV it keeps per machine, and each benchmark on a tiny setting (no timing asserts)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pandas as pd
+import pytest
+
+from linvit import bench, cli
+
+
+def _rows(path):
+    return pd.read_csv(path, keep_default_na=False)
+
+
+def test_machine_slug_is_a_safe_file_name_with_the_core_count():
+    slug = bench.machine_slug()
+    assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", slug)
+    assert f"-{os.cpu_count()}cores" in slug
+
+
+def test_save_replaces_a_benchmarks_rows_and_keeps_the_others(tmp_path):
+    first = [bench.row("train", "fit_over_bare", 0.9, "ratio", ">= 0.95", False)]
+    plan = [bench.row("plan", "dry_run_s", 3.0, "s", "<= 15", True), bench.row("plan", "jobs", 100.0, "jobs")]
+    bench.save(first, tmp_path, "m")
+    path = bench.save(plan, tmp_path, "m")
+    again = bench.save([bench.row("train", "fit_over_bare", 0.97, "ratio", ">= 0.95", True)], tmp_path, "m")
+    assert path == again == tmp_path / "m.csv"
+    df = _rows(path)
+    assert list(df.columns) == bench.COLUMNS
+    assert sorted(df["metric"]) == ["dry_run_s", "fit_over_bare", "jobs"]
+    assert df.set_index("metric").loc["fit_over_bare", "value"] == 0.97
+    assert set(df["machine"]) == {"m"}
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match=r"bad\.csv.*columns"):
+        bench.save(first, tmp_path, "bad")
+
+
+def test_train_and_loader_benchmarks_write_their_rows(shards, tmp_path, quiet_machine, capsys):
+    rows = bench.run(["train", "loader"], shards=shards, out_dir=tmp_path, steps=1, repeats=1, images=64,
+                     machine="m")
+    df = _rows(tmp_path / "m.csv")
+    assert set(df["benchmark"]) == {"train", "loader"}
+    got = df.set_index("metric")
+    for metric in ("bare_loop_images_per_s", "fit_images_per_s", "fit_over_bare", "final_eval_s",
+                   "loader_images_per_s", "training_images_per_s", "loader_over_training"):
+        assert float(got.loc[metric, "value"]) > 0, metric
+    assert got.loc["final_eval_images", "value"] == 32  # the synthetic test split, evaluated whole
+    assert got.loc["fit_over_bare", "target"] == ">= 0.95" and got.loc["fit_over_bare", "meets"] in ("True", "False")
+    # The loader's consumption is the train benchmark's bare loop when both run.
+    assert got.loc["training_images_per_s", "value"] == got.loc["bare_loop_images_per_s", "value"]
+    assert len(rows) == len(df)
+    out = capsys.readouterr()
+    assert "fit_over_bare" in out.out and "bench: train" in out.err
+
+
+def test_plan_benchmark_dry_runs_a_generated_grid(tmp_path):
+    config = bench.load(None)
+    assert len(bench.plan_config(config, 2000)["seeds"]) > len(bench.plan_config(config, 200)["seeds"])
+    assert cli.main(["bench", "plan", "--jobs", "80", "--out-dir", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*.csv")
+    got = _rows(path).set_index("metric")
+    assert got.loc["jobs", "value"] >= 63  # at least the default grid (one seed)
+    assert got.loc["dry_run_s", "value"] > 0 and got.loc["dry_run_s", "target"] == "<= 15"
+
+
+def test_jobcost_splits_a_one_step_student_job(shards, tmp_path, quiet_machine):
+    rows = bench.bench_jobcost(bench.load(None), shards)
+    got = {r["metric"]: r for r in rows}
+    parts = ["imports_s", "setup_s", "training_s", "evaluations_s", "exit_s"]
+    assert all(p in got for p in parts) and got["imports_s"]["value"] > 0
+    assert sum(got[p]["value"] for p in parts) == pytest.approx(got["total_s"]["value"], abs=1e-6)
+    assert got["baseline_total_s"]["value"] == bench.RECORDED_JOB_S
+    assert got["total_s"]["target"] == f"<= {bench.JOB_FRACTION * bench.RECORDED_JOB_S:.3g}"
+
+
+def test_an_unknown_benchmark_is_one_line(tmp_path):
+    with pytest.raises(ValueError, match="unknown benchmark 'nope'"):
+        bench.run(["nope"], shards=tmp_path, out_dir=tmp_path)

@@ -7,6 +7,7 @@
 # installs this package from the checkout (`pip install -e .`); a per-rule conda env built from a copy
 # of environment.yml under .snakemake/conda could not install it. tests/test_workflow.py allows this
 # lint and no other.
+import inspect
 import json
 import os
 import shlex
@@ -14,6 +15,21 @@ import shlex
 from linvit import grid
 from linvit.config import NO_DESIGN, design_specs, kd_reference, trained_sizes
 from linvit.grid import all_cells
+
+try:  # where Snakemake looks for a callable's parameters before it inspects its signature
+    from snakemake.common import FUNC_OVERWRITE_PARAMS_ATTR
+except ImportError:  # another Snakemake: it inspects every call, as before
+    FUNC_OVERWRITE_PARAMS_ATTR = None
+
+
+def planned(fn):
+    """`fn` with its parameters recorded once. Snakemake inspects the signature of an input, params
+    or resources function at every call (several per job): a fifth of a large grid's dry run
+    (cProfile of `linvit bench plan`). Every function the rules take goes through this."""
+    if FUNC_OVERWRITE_PARAMS_ATTR:
+        setattr(fn, FUNC_OVERWRITE_PARAMS_ATTR, inspect.signature(fn).parameters)
+    return fn
+
 
 CELLS = all_cells(config)
 TEACHER = config.get("teacher", {})
@@ -104,10 +120,11 @@ def res(rule_name, key, default):
     """A threads/resources callable: `resource_value` for the job's size wildcard and attempt
     (rules without a size, the shards and the report, get the configured value times attempt)."""
     if key == "threads":
-        return lambda wildcards: resource_value(rule_name, key, default, wildcards.get("size"))
-    return lambda wildcards, attempt: resource_value(rule_name, key, default, wildcards.get("size"), attempt)
+        return planned(lambda wildcards: resource_value(rule_name, key, default, wildcards.get("size")))
+    return planned(lambda wildcards, attempt: resource_value(rule_name, key, default, wildcards.get("size"), attempt))
 
 
+@planned
 def launcher(wc, threads, resources):
     """A params function: how a training job starts. With `gpu` above 1, torchrun starts that many
     processes of the same `linvit` command on one node, one per GPU, which train data-parallel
@@ -116,6 +133,7 @@ def launcher(wc, threads, resources):
     return f"torchrun --standalone --nproc-per-node {n} --no-python" if n > 1 else ""
 
 
+@planned
 def rank_threads(wc, threads, resources):
     """A params function: torch threads per process, the job's CPUs shared by its torchrun processes."""
     return max(1, threads // max(1, int(resources.gpu)))
@@ -126,6 +144,7 @@ def files(folder, names):
     return {name.replace(".", "_"): f"{folder}/{name}" for name in names}
 
 
+@planned
 def out_folder(wc, output):
     """A params function: the folder of a job's outputs (what `linvit ... --out` takes)."""
     return os.path.dirname(output[0])
@@ -147,12 +166,14 @@ REFERENCE_KEY = grid.run_key(*_REF)
 REFERENCE = grid.run_dir(*_REF)
 
 
+@planned
 def teacher_model(wc):
     """What a job reads of the teacher: its architecture (model.json) and weights."""
     folder = grid.teacher_dir(wc.size)
     return {"teacher_json": f"{folder}/model.json", "teacher_weights": f"{folder}/model.safetensors"}
 
 
+@planned
 def teacher_file(wc):
     """A pretrained teacher's weights file, when it comes from one (else timm's hub or cache)."""
     file = config["teachers"][wc.size].get("file")
@@ -161,9 +182,10 @@ def teacher_file(wc):
 
 def in_folder(key):
     """A params function: the folder of input `key` (what `linvit ... --teacher/--run/--distilled` take)."""
-    return lambda wc, input: os.path.dirname(input[key])
+    return planned(lambda wc, input: os.path.dirname(input[key]))
 
 
+@planned
 def student_inputs(wc):
     """Shards and teacher; after a distillation (design other than none), the distilled student
     (stage 1); for logit distillation on a target whose labels the teacher does not share, the
@@ -181,6 +203,7 @@ def student_inputs(wc):
     return inputs
 
 
+@planned
 def distilled_option(wc, input):
     """`--distilled FOLDER` after a distillation, `--kd-teacher FOLDER` with a logit teacher, else nothing."""
     options = []

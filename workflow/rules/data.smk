@@ -4,7 +4,7 @@ rule shards:
     output:
         directory(SHARDS),
     params:
-        cfg=lambda wc: shards_config(wc.dataset),
+        cfg=planned(lambda wc: shards_config(wc.dataset)),
     log:
         grid.log_path("shards", "{dataset}"),
     threads: res("shards", "threads", 1)

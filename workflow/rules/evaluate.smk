@@ -12,7 +12,7 @@ rule evaluate:
         variant=_alternatives(list(config["variants"]) + [grid.REFERENCE_VARIANT]),
         init=_alternatives(list(config["init_strategies"]) + [grid.REFERENCE_INIT]),
     params:
-        cfg=lambda wc: job_config("evaluation", "runtime", *input_keys(wc.dataset)),
+        cfg=planned(lambda wc: job_config("evaluation", "runtime", *input_keys(wc.dataset))),
         # Strings with wildcards, not functions: Snakemake formats them without inspecting a
         # callable per job (planning time grows with the number of callables per job).
         run=RUN,

@@ -10,8 +10,8 @@ rule distill:
         **files(DISTILL, grid.DISTILL_FILES),
     params:
         # evaluation: the probe batch is evaluation.fidelity_samples test images.
-        cfg=lambda wc: job_config("distill", f"distill_designs.{wc.design}", f"init_strategies.{wc.init}",
-                                  "evaluation", "runtime", *input_keys(wc.dataset)),
+        cfg=planned(lambda wc: job_config("distill", f"distill_designs.{wc.design}", f"init_strategies.{wc.init}",
+                                          "evaluation", "runtime", *input_keys(wc.dataset))),
         # Strings with wildcards, not functions: Snakemake formats them without inspecting a
         # callable per job (planning time grows with the number of callables per job).
         teacher=TEACHER_DIR,
@@ -42,7 +42,7 @@ rule reference:
     output:
         **files(REFERENCE, grid.STUDENT_FILES),
     params:
-        cfg=lambda wc: job_config("student", "runtime", *input_keys(wc.dataset)),
+        cfg=planned(lambda wc: job_config("student", "runtime", *input_keys(wc.dataset))),
         variant=grid.REFERENCE_VARIANT,
         init=grid.REFERENCE_INIT,
         teacher=TEACHER_DIR,
@@ -71,7 +71,8 @@ rule student:
     output:
         **files(RUN, grid.STUDENT_FILES),
     params:
-        cfg=lambda wc: job_config("student", f"init_strategies.{wc.init}", "runtime", *input_keys(wc.dataset)),
+        cfg=planned(lambda wc: job_config("student", f"init_strategies.{wc.init}", "runtime",
+                                          *input_keys(wc.dataset))),
         teacher=TEACHER_DIR,
         distilled=distilled_option,
         out=RUN,

@@ -37,7 +37,7 @@ rule teacher_pretrained:
     wildcard_constraints:
         size=_alternatives(LOADED_SIZES),
     params:
-        cfg=lambda wc: job_config(f"teachers.{wc.size}"),
+        cfg=planned(lambda wc: job_config(f"teachers.{wc.size}")),
         out=TEACHER_DIR,
     log:
         grid.log_path("teacher", "{size}"),

@@ -1,9 +1,9 @@
 """Operator benchmarks: forward+backward time against the number of tokens, beside softmax (SDPA).
 
-Every operator runs on the same shapes in one process, one after another, so the ratios are
-measured side by side. Timings are medians of repeated runs after a warm-up, on one device (the
-CPU unless told; on CUDA each timing ends with a synchronize, as kernels run asynchronously), in
-fp32 and eager: the operators as written.
+Every operator runs on the same shapes in one process, in alternating rounds (softmax, then each
+operator, again), so the ratios are measured side by side. Timings are medians over the rounds
+after a warm-up, on one device (the CPU unless told; on CUDA each timing ends with a synchronize,
+as kernels run asynchronously), in fp32 and eager: the operators as written.
 """
 
 from __future__ import annotations
@@ -28,15 +28,10 @@ REFERENCE = SOFTMAX
 SCOPES = ("module", "core")
 
 
-def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_dim: int = 32,
-                  scope: str = "core", repeats: int = 3, min_seconds: float = 0.2,
-                  device: torch.device | str = "cpu") -> float:
-    """Median seconds of one forward+backward pass on (batch, tokens, heads*head_dim) patch tokens.
-
-    scope 'module': the whole attention module (qkv and output projections, gates included);
-    scope 'core': only the token mixing, from q, k, v to the heads' outputs (`attend`), which is
-    where softmax and linear operators differ.
-    """
+def _stepper(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_dim: int = 32,
+             scope: str = "core", device: torch.device | str = "cpu"):
+    """One forward+backward pass of `variant` on (batch, tokens, heads*head_dim) patch tokens, as a
+    function (the module and its inputs built once), warmed up, and the device's synchronize."""
     if scope not in SCOPES:
         raise ValueError(f"unknown benchmark scope {scope!r}; known: {', '.join(SCOPES)}")
     side = int(math.isqrt(tokens))
@@ -49,7 +44,7 @@ def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, 
     x = torch.randn(batch, tokens, dim).to(device).requires_grad_()  # same numbers on every device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with torch.no_grad():
-        # Views laid out as the module's own forward sees them (slices of the qkv projection).
+        # q, k, v as the module's own forward passes them to `attend`.
         qkv = [t.detach().requires_grad_() for t in op.split_heads(x)]
 
     def step():
@@ -62,20 +57,41 @@ def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, 
 
     step()  # warm-up (allocations, kernel selection)
     sync()
-    times = []
-    for _ in range(repeats):
-        runs, start = 0, time.perf_counter()
-        while runs < 1 or time.perf_counter() - start < min_seconds:
-            step()
-            runs += 1
-        sync()
-        times.append((time.perf_counter() - start) / runs)
-    return statistics.median(times)
+    return step, sync
+
+
+def _time(step, sync, min_seconds: float) -> float:
+    """Seconds per pass: passes repeated for at least min_seconds (at least one), averaged."""
+    runs, start = 0, time.perf_counter()
+    while runs < 1 or time.perf_counter() - start < min_seconds:
+        step()
+        runs += 1
+    sync()
+    return (time.perf_counter() - start) / runs
+
+
+def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_dim: int = 32,
+                  scope: str = "core", repeats: int = 3, min_seconds: float = 0.2,
+                  device: torch.device | str = "cpu") -> float:
+    """Median seconds of one forward+backward pass on (batch, tokens, heads*head_dim) patch tokens.
+
+    scope 'module': the whole attention module (qkv and output projections, gates included);
+    scope 'core': only the token mixing, from q, k, v to the heads' outputs (`attend`), which is
+    where softmax and linear operators differ.
+    """
+    step, sync = _stepper(variant, tokens, batch=batch, heads=heads, head_dim=head_dim, scope=scope,
+                          device=device)
+    return statistics.median(_time(step, sync, min_seconds) for _ in range(repeats))
 
 
 def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax_tokens: int = 16384,
-                  **shape) -> pd.DataFrame:
-    """One row per (operator, tokens): seconds, and the ratio to softmax at the same tokens."""
+                  repeats: int = 5, min_seconds: float = 0.2, **shape) -> pd.DataFrame:
+    """One row per (operator, tokens): seconds, and the ratio to softmax at the same tokens.
+
+    At each token count the operators are timed in rounds, each round timing every operator once
+    in turn, and each operator's time is its median over the rounds: a machine that other work
+    slows down for a while slows every operator in that round, not only the ones measured then.
+    """
     import pandas as pd
 
     variants = list(variants or available_variants())
@@ -86,10 +102,15 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
     tf32 = device.type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32"
     rows = []
     for n in tokens:
-        for v in variants:
-            if v == REFERENCE and n > max_softmax_tokens:
-                continue
-            seconds = time_operator(v, n, **shape)
+        names = [v for v in variants if v != REFERENCE or n <= max_softmax_tokens]
+        steps = {v: _stepper(v, n, **shape) for v in names}
+        times = {v: [] for v in names}
+        for _ in range(repeats):
+            for v in names:
+                times[v].append(_time(*steps[v], min_seconds))
+        del steps  # the next token count's modules and inputs replace these
+        for v in names:
+            seconds = statistics.median(times[v])
             rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "core"),
                          "device": str(device), "dtype": "float32+tf32" if tf32 else "float32",
                          "seconds": seconds})

@@ -103,8 +103,9 @@ class AgentAttention(LinearAttention):
         scale = self.head_dim ** -0.5
         agents = self._agents(q)
         b1, b2 = self._biases(q.shape[-2], q.dtype)
-        agent_attn = torch.softmax((agents * scale) @ k.transpose(-2, -1) + b1, dim=-1)  # (B,H,n_a,N)
-        query_attn = torch.softmax((q * scale) @ agents.transpose(-2, -1) + b2, dim=-1)  # (B,H,N,n_a)
+        agents = agents * scale  # the scale on the n_a agents, not on the N queries and keys
+        agent_attn = torch.softmax(agents @ k.transpose(-2, -1) + b1, dim=-1)  # (B,H,n_a,N)
+        query_attn = torch.softmax(q @ agents.transpose(-2, -1) + b2, dim=-1)  # (B,H,N,n_a)
         return query_attn, agent_attn
 
     # -- the core --------------------------------------------------------------------------------
@@ -134,6 +135,8 @@ class AgentAttention(LinearAttention):
         return conv.permute(0, 2, 3, 1).reshape(b, -1, h, d).transpose(1, 2)
 
     def mix(self, v):
+        if not self.num_prefix_tokens:
+            return self._conv(v)
         return F.pad(self._conv(v), (0, 0, self.num_prefix_tokens, 0))  # prefix tokens: no conv
 
     def mix_matrices(self, n):

@@ -235,11 +235,19 @@ class LinearAttention(nn.Module):
     # -- shared ------------------------------------------------------------------------------
     def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v (B, H, N, D) of input x, q and k normalized as in timm's Attention. forward and
-        the implicit matrices both start here, so the q/k norms act in every operator."""
+        the implicit matrices both start here, so the q/k norms act in every operator.
+
+        Returned contiguous, each head's (N, D) block in one piece: one copy here instead of one
+        in every later product (batched matmuls fold (B, H) into one batch dim only when they are
+        adjacent in memory; as views of the projection they are not)."""
+        q, k, v = self.qkv_views(x)
+        return self.q_norm(q).contiguous(), self.k_norm(k).contiguous(), v.contiguous()
+
+    def qkv_views(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v (B, H, N, D) as strided views of the qkv projection's (B, N, 3*C) output, before
+        the q/k norms (for cores that work in the projection's token-major layout)."""
         b, n, c = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
-        return self.q_norm(q), self.k_norm(k), v
+        return self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
     def patch_slice(self, n: int) -> slice:
         """The patch tokens of a sequence of length n (prefix tokens come first, as in timm)."""

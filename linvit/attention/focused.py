@@ -35,6 +35,12 @@ class FocusedAttention(LinearAttention):
         nn.init.zeros_(self.dwc.weight)
         nn.init.zeros_(self.dwc.bias)
 
+    def split_heads(self, x):
+        # The features act on merged channels (B, N, C), which views of the qkv projection are
+        # already: the base's contiguous per-head copies would only be merged back.
+        q, k, v = self.qkv_views(x)
+        return self.q_norm(q), self.k_norm(k), v
+
     def _split(self, t):  # (B, N, H*D) -> (B, H, N, D)
         b, n, c = t.shape
         return t.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
@@ -44,14 +50,17 @@ class FocusedAttention(LinearAttention):
         x = (F.relu(x) + 1e-6) / scale
         norm = x.norm(dim=-1, keepdim=True)
         xp = x ** self.focusing_factor
-        return xp / xp.norm(dim=-1, keepdim=True) * norm
+        # the two per-token norms combined first: one pass over the features instead of two
+        return xp * (norm / xp.norm(dim=-1, keepdim=True))
 
     def features(self, q, k):
         # Features are computed over all channels and then split, as FLatten does.
         q, k = merge_heads(q), merge_heads(k)
         patches = self.patch_slice(k.shape[1])
-        k = torch.cat([k[:, :patches.start], k[:, patches] + self.positional_encoding.to(k.dtype)], dim=1)
-        return self._split(self._focus(q)), self._split(self._focus(k))
+        pe = self.positional_encoding.to(k.dtype)
+        if patches.start:  # prefix tokens get no positional term
+            pe = F.pad(pe, (0, 0, patches.start, 0))
+        return self._split(self._focus(q)), self._split(self._focus(k + pe))
 
     def _grid(self, v):  # patch tokens of (B, H, N, D) -> (B*H, D, gh, gw)
         b, h, n, d = v.shape
@@ -63,6 +72,8 @@ class FocusedAttention(LinearAttention):
         conv = F.conv2d(self._grid(v), self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype),
                         padding=self.dwc.padding, groups=self.head_dim)
         conv = conv.permute(0, 2, 3, 1).reshape(b, h, -1, d)
+        if not self.num_prefix_tokens:
+            return conv
         return F.pad(conv, (0, 0, self.num_prefix_tokens, 0))  # prefix tokens get no conv term
 
     def mix_matrices(self, n):

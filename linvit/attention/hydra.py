@@ -113,7 +113,9 @@ class HydraAttention(LinearAttention):
         # they were trained on; then (B, C, N, 1): every channel is a head of dimension 1. Without
         # norms the reshape is a view of the qkv projection (no copy).
         b, n, c = x.shape
-        return tuple(t.transpose(-1, -2).reshape(b, c, n, 1) for t in super().split_heads(x))
+        q, k, v = self.qkv_views(x)
+        q, k = self.q_norm(q), self.k_norm(k)
+        return tuple(t.transpose(-1, -2).reshape(b, c, n, 1) for t in (q, k, v))
 
     def _normalized(self, q, k):
         # q, k: (B, C, N, 1); normalize over the channel (head) dimension.

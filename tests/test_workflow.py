@@ -295,6 +295,20 @@ def test_smoke_grid_end_to_end(tmp_path):
     # A second run has nothing to do.
     again = snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
     assert "Nothing to be done" in again.stdout + again.stderr
+    # Snakemake's own report of the finished grid: every file of the report rule a result, captioned.
+    snakemake(tmp_path, "--report", str(tmp_path / "report.html"),
+              "--configfile", str(REPO / "workflow/config/smoke.yaml"))
+    results, categories = snakemake_report_results((tmp_path / "report.html").read_text())
+    assert set(results) == set(grid.report_files(False))
+    assert set(categories) == {"Claims", "Accuracy", "Cost", "Attention", "Report"}
+    for path, result in results.items():
+        caption = re.sub(r"<[^>]+>|\s+", " ", result["caption"] or "")
+        assert len(caption.split()) >= 10, path
+    for name in grid.REPORT_FIGURES:  # each figure's caption (workflow/report/<name>.rst) is shown with it
+        words = " ".join((REPO / f"workflow/report/{name}.rst").read_text().split()[:6])
+        for fmt in ("png", "svg"):
+            caption = re.sub(r"<[^>]+>|\s+", " ", results[f"report/figures/{name}.{fmt}"]["caption"])
+            assert words in caption, (name, words, caption[:200])
     # The report regenerates from results/ alone, without training anything.
     shutil.rmtree(tmp_path / "report")
     regen = snakemake(tmp_path, "report_from_results", "--cores", "1",
@@ -305,6 +319,19 @@ def test_smoke_grid_end_to_end(tmp_path):
     # The repository's own report/ is never touched by tests.
     after = sorted(p.name for p in (REPO / "report").iterdir()) if (REPO / "report").exists() else []
     assert before == after
+
+
+def snakemake_report_results(html: str) -> tuple[dict, dict]:
+    """What Snakemake's HTML report embeds: its results ({path: {caption, labels, ...}}) and categories
+    ({category: {subcategory: [path, ...]}})."""
+    import json
+
+    found = []
+    for name in ("results", "categories"):
+        match = re.search(rf"var {name} = (\{{.*?\}});\s*$", html, re.M)
+        assert match, f"no {name} in Snakemake's report"
+        found.append(json.loads(match.group(1)))
+    return tuple(found)
 
 
 TOY_WORKFLOW = """

@@ -1,16 +1,57 @@
 # Aggregate results/ into results/{runs,curves}.csv and report/ (the files of linvit.grid.report_files).
 # `report_from_results` does the same from whatever results/ holds, without (re)training anything:
 # use it after --keep-going left gaps.
+import glob
+
 REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "seeds", "budgets", "distills", "distill_designs",
                         "distill.loss", "student.train.steps", "teacher", "teachers", "datasets", "init_strategies",
                         "claims")
 
 
+# `linvit bench` (the harness's own benchmarks) writes results/bench/<machine>.csv; as with the operator
+# benchmark, the report reads them, and declares its table of them, only when they exist at planning time.
+HARNESS_BENCHMARKS = sorted(glob.glob(f"{grid.RESULTS}/bench/*.csv"))
+HARNESS_TABLE = f"{grid.REPORT}/harness_benchmarks.csv"  # linvit.report.render.HARNESS_CSV
+
+# `snakemake --report report.html`: every file of the report rule is a result there, with its caption
+# (workflow/report/<name>.rst) and category; the same paths as grid.report_files, only flagged.
+REPORT_CATEGORIES = {
+    "README.md": "Report", "index.html": "Report", "claims.json": "Claims", "summary.csv": "Accuracy",
+    "summary.md": "Accuracy", "runs.csv": "Accuracy", "curves.csv": "Accuracy", "accuracy_by_init": "Accuracy",
+    "training_curves": "Accuracy", "accuracy_by_budget": "Accuracy", "gap_closed_heatmap": "Claims",
+    "cost_to_accuracy": "Cost", "accuracy_vs_throughput": "Cost", "fidelity_by_block": "Attention",
+    "attention_maps": "Attention", "attention_scaling": "Attention", "harness_benchmarks.csv": "Harness benchmarks",
+}
+REPORT_CAPTIONS = {"summary.md": "summary.csv"}  # the same table in Markdown
+
+
+def reported(path):
+    """`path` flagged for Snakemake's report: a figure (<name>.png/.svg) by its name, captioned once
+    per figure; a table or page by its file name."""
+    name = os.path.basename(path)
+    stem, ext = os.path.splitext(name)
+    figure = os.path.basename(os.path.dirname(path)) == "figures"
+    key = stem if figure else name
+    caption = (stem if figure else REPORT_CAPTIONS.get(name, name)).replace(".", "_")
+    labels = {"figure": stem.replace("_", " "), "format": ext[1:]} if figure else {"file": path}
+    return report(path, caption=f"../report/{caption}.rst", category=REPORT_CATEGORIES[key], labels=labels)
+
+
+# report/README.md first and results/curves.csv last (the params below read the two folders from them).
+REPORT_OUTPUTS = grid.report_files(WITH_BENCHMARK)
+if HARNESS_BENCHMARKS:
+    REPORT_OUTPUTS.insert(1, HARNESS_TABLE)
+
+
+report: "../report/workflow.rst"
+
+
 rule report:
     input:
         report_inputs,
+        HARNESS_BENCHMARKS,
     output:
-        grid.report_files(WITH_BENCHMARK),
+        [reported(p) for p in REPORT_OUTPUTS],
     params:
         cfg=REPORT_CFG,
         report=lambda wc, output: os.path.dirname(output[0]),  # report/README.md

@@ -209,6 +209,18 @@ def test_tiny_differences_on_few_images_are_inconclusive(tmp_path):
     assert "test images only (one seed)" in c3.cells[0].text
 
 
+def test_a_role_only_reported_beside_the_verdict_does_not_take_its_seeds(tmp_path):
+    # random (for gap closed) lacks seed 1: C3's difference still pairs both seeds, gap closed uses seed 0.
+    config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "inits": ["random", "copy_mlp_distill"]}
+    for cell in all_cells(config):
+        if not (cell.init == "random" and cell.seed == 1):
+            write_cell(tmp_path, cell, accuracy(cell), predictions=True)
+    runs, _ = collect(config, tmp_path)
+    cell = evaluate_claims(runs, config)[2].cells[0]
+    assert (cell.seeds, cell.method) == (2, stats.SEEDS_AND_IMAGES) and "2 seeds (0, 1)" in cell.text
+    assert cell.numbers["gap_closed"] == pytest.approx((0.80 - 0.49) / (0.79 - 0.49))  # seed 0's runs
+
+
 def test_runs_on_different_test_sets_are_not_paired(tmp_path):
     config = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "seeds": [0],
               "inits": ["random", "copy_mlp_distill"]}

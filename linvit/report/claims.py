@@ -435,10 +435,25 @@ class _Cell:
                                  f"{self.label(role)} seed {r.seed}"))
         return out
 
-    def bootstrap(self, roles: list[str], statistics: dict) -> tuple[stats.Sample, dict[str, stats.Interval]]:
-        """The roles' runs paired (stats.pair; PairingError when they cannot be) and every statistic's interval."""
-        sample = stats.pair({role: self.runs(role) for role in roles})
-        return sample, stats.bootstrap(sample, statistics, self.settings)
+    def bootstrap(self, roles: list[str], statistics: dict, extra_roles: tuple = (), extra_statistics=None
+                  ) -> tuple[stats.Sample, dict[str, stats.Interval], str]:
+        """The roles' runs paired (stats.pair; PairingError when they cannot be) and every statistic's
+        interval; then the statistics that also need `extra_roles` (a reported number, not the verdict's:
+        a role missing a seed must not take it from the verdict), on the same draws when those roles have
+        the same seeds and kind of data. Returns (sample, intervals, why the extra statistics are missing)."""
+        runs = {role: self.runs(role) for role in [*roles, *extra_roles]}
+        sample = stats.pair({role: runs[role] for role in roles})
+        if not extra_roles:
+            return sample, stats.bootstrap(sample, statistics, self.settings), ""
+        try:
+            full = stats.pair(runs)
+        except PairingError as err:
+            return sample, stats.bootstrap(sample, statistics, self.settings), str(err)
+        if (full.seeds, full.mode) == (sample.seeds, sample.mode):
+            return sample, stats.bootstrap(full, {**statistics, **extra_statistics}, self.settings), ""
+        intervals = stats.bootstrap(sample, statistics, self.settings)
+        intervals.update(stats.bootstrap(full, extra_statistics, self.settings))
+        return sample, intervals, ""
 
     def _key(self, role: str) -> tuple[str, str] | None:
         return (REFERENCE_INIT, NO_DESIGN) if role == REFERENCE_INIT else self.roles[role].key
@@ -531,7 +546,7 @@ def _c1(c: _Cell, t: Thresholds) -> CellVerdict:
     if total <= 0:
         return c.no_benefit("C1", total_text)
     try:
-        sample, iv = c.bootstrap([RANDOM, COPY_ALL, COPY_MLP, ATTN_ONLY], {
+        sample, iv, _ = c.bootstrap([RANDOM, COPY_ALL, COPY_MLP, ATTN_ONLY], {
             "strict_fraction": stats.share(ATTN_ONLY, RANDOM, COPY_ALL, RANDOM),
             "symmetric_fraction": stats.share(COPY_ALL, COPY_MLP, COPY_ALL, RANDOM), "total_benefit": _BENEFIT})
     except PairingError as err:
@@ -555,20 +570,20 @@ def _c2(c: _Cell, t: Thresholds) -> CellVerdict:
     total, total_text = _benefit(c)
     if total <= 0:
         return c.no_benefit("C2", total_text)
-    roles = [RANDOM, COPY_ALL, COPY_MLP]
     statistics = {"symmetric_fraction": stats.share(COPY_MLP, RANDOM, COPY_ALL, RANDOM), "total_benefit": _BENEFIT}
     strict_missing = c.missing([MLP_ONLY])
-    if not strict_missing:
-        roles.append(MLP_ONLY)
-        statistics["strict_fraction"] = stats.share(MLP_ONLY, RANDOM, COPY_ALL, RANDOM)
+    extra = () if strict_missing else (MLP_ONLY,)
     try:
-        sample, iv = c.bootstrap(roles, statistics)
+        sample, iv, unpaired = c.bootstrap([RANDOM, COPY_ALL, COPY_MLP], statistics, extra,
+                                           {"strict_fraction": stats.share(MLP_ONLY, RANDOM, COPY_ALL, RANDOM)})
     except PairingError as err:
         return c.unpaired("C2", err)
     symmetric = iv["symmetric_fraction"]
     outcome = stats.decide(symmetric, t.most, ">=")
     if strict_missing:
         strict_text = f"strict share not available ({strict_missing[MLP_ONLY]})"
+    elif unpaired:
+        strict_text = f"strict share not available (runs cannot be paired: {unpaired})"
     else:
         strict = iv["strict_fraction"]
         clears = stats.decide(strict, t.most, ">=")
@@ -585,20 +600,21 @@ def _c3(c: _Cell, t: Thresholds) -> CellVerdict:
     missing = c.missing([COPY_MLP_DISTILL, REFERENCE_INIT])
     if missing:
         return c.missing_results("C3", missing)
-    roles, statistics = [COPY_MLP_DISTILL, REFERENCE_INIT], {"difference": stats.difference(COPY_MLP_DISTILL, REFERENCE_INIT)}
+    statistics = {"difference": stats.difference(COPY_MLP_DISTILL, REFERENCE_INIT)}
     random_missing = c.missing([RANDOM])
     denominator = math.nan if random_missing else c.acc(REFERENCE_INIT) - c.acc(RANDOM)
-    if not random_missing and denominator > 0:
-        roles.append(RANDOM)
-        statistics["gap_closed"] = stats.share(COPY_MLP_DISTILL, RANDOM, REFERENCE_INIT, RANDOM)
+    extra = (RANDOM,) if not random_missing and denominator > 0 else ()
     try:
-        sample, iv = c.bootstrap(roles, statistics)
+        sample, iv, unpaired = c.bootstrap([COPY_MLP_DISTILL, REFERENCE_INIT], statistics, extra,
+                                           {"gap_closed": stats.share(COPY_MLP_DISTILL, RANDOM, REFERENCE_INIT, RANDOM)})
     except PairingError as err:
         return c.unpaired("C3", err)
     difference = iv["difference"]
     outcome = stats.decide(difference, -t.match_tolerance, ">=")
     if random_missing:
         gap_text = f"gap closed not available ({random_missing[RANDOM]})"
+    elif unpaired:
+        gap_text = f"gap closed not available (runs cannot be paired: {unpaired})"
     elif "gap_closed" not in iv:
         gap_text = (f"gap closed undefined: the softmax reference does not beat random "
                     f"(denominator {pp(denominator)})")

@@ -68,6 +68,8 @@ def write_predictions(path: str | Path, pred: np.ndarray, label: np.ndarray, dig
 
 def read_predictions(path: str | Path) -> Predictions:
     path = Path(path)
+    if path.is_file() and not zipfile.is_zipfile(path):  # else numpy guesses a pickle and says so
+        raise PredictionsError(f"{path}: cannot be read (not an .npz archive)")
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = [k for k in ("pred", "label", "samples", "digest") if k not in npz.files]
@@ -78,7 +80,8 @@ def read_predictions(path: str | Path) -> Predictions:
     except PredictionsError:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-        raise PredictionsError(f"{path}: cannot be read ({str(err).strip().splitlines()[0] if str(err) else type(err).__name__})") from None
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise PredictionsError(f"{path}: cannot be read ({why})") from None
     if pred.ndim != 1 or pred.shape != label.shape:
         raise PredictionsError(f"{path}: 'pred' {pred.shape} and 'label' {label.shape} must be equal 1-d arrays")
     if samples != len(label):

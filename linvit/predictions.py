@@ -10,7 +10,7 @@ order). Two runs are paired image by image only when both match (linvit.report.s
     samples  int64 ()    n
     digest   str ()      sha256 of the test split's shard list (linvit.predictions.split_digest)
 
-About 20 kB compressed for 10k images (int16: up to 32,767 classes; more fall back to int32).
+About 13 kB compressed for 10k images at 90% accuracy (measured; int16 up to 32,767 classes, int32 beyond).
 """
 
 from __future__ import annotations

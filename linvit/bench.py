@@ -199,12 +199,17 @@ def bench_train(config: dict, shards: Path, *, steps: int = 20, repeats: int = 3
     harness, bare, evals = [], [], []
     with tempfile.TemporaryDirectory(prefix="linvit-bench-") as tmp:
         for r in range(repeats):
-            say(f"train: repeat {r + 1}/{repeats}: bare loop, then fit ({steps} steps of {spec.batch_size})")
-            bare.append(bare_loop(config, data, batches, spec))
-            task = ClassifyTask(_model(config, data), data, spec, runtime)
-            summary = fit(task, spec, data, Path(tmp) / f"run{r}", seed=0, desc="bench", runtime=runtime)
-            harness.append(steps * spec.batch_size / summary["train_time_s"])
-            evals.append(summary["eval_time_s"])
+            # Alternating which goes first: neither always runs on a warmer (or busier) machine.
+            order = ["bare", "fit"] if r % 2 == 0 else ["fit", "bare"]
+            say(f"train: repeat {r + 1}/{repeats}: {order[0]}, then {order[1]} ({steps} steps of {spec.batch_size})")
+            for which in order:
+                if which == "bare":
+                    bare.append(bare_loop(config, data, batches, spec))
+                    continue
+                task = ClassifyTask(_model(config, data), data, spec, runtime)
+                summary = fit(task, spec, data, Path(tmp) / f"run{r}", seed=0, desc="bench", runtime=runtime)
+                harness.append(steps * spec.batch_size / summary["train_time_s"])
+                evals.append(summary["eval_time_s"])
     ratio = statistics.median(harness) / statistics.median(bare)
     test = data.num_samples("test")
     rows = [row("train", "bare_loop_images_per_s", statistics.median(bare), "images/s"),

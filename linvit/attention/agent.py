@@ -85,14 +85,25 @@ class AgentAttention(LinearAttention):
         pooled = F.adaptive_avg_pool2d(self._grid(q), self.pool_size)  # (B, C, pool, pool)
         return pooled.reshape(b, h, d, self.agent_num).transpose(-2, -1)
 
+    def _resized(self, bias, dtype):
+        """F.interpolate(bias, size=grid, mode="bilinear") for the (H, n_a, 7, 7) biases, as two
+        small products R_h bias R_w^T: bilinear resizing is separable, and the per-axis weights are
+        read off F.interpolate itself (one-hot inputs), so the numbers are its own. Products (and
+        their backward) cost a fraction of the resize's own kernels on the CPU."""
+        gh, gw = self.grid_size
+        eye = torch.eye(_BIAS_GRID, dtype=dtype, device=bias.device).reshape(_BIAS_GRID, 1, _BIAS_GRID, 1)
+        rh = F.interpolate(eye, size=(gh, 1), mode="bilinear").reshape(_BIAS_GRID, gh).T
+        rw = F.interpolate(eye, size=(gw, 1), mode="bilinear").reshape(_BIAS_GRID, gw).T
+        return rh @ bias.to(dtype) @ rw.T
+
     def _biases(self, n, dtype):
         """B1 (1, H, n_a, N) for the agent softmax and B2 (1, H, N, n_a) for the query softmax."""
         h, a, p = self.num_heads, self.agent_num, self.num_prefix_tokens
         gh, gw = self.grid_size
-        an = F.interpolate(self.an_bias.to(dtype), size=(gh, gw), mode="bilinear")
+        an = self._resized(self.an_bias, dtype)
         b1 = an.reshape(1, h, a, gh * gw) + (self.ah_bias + self.aw_bias).to(dtype).reshape(1, h, a, gh * gw)
         b1 = torch.cat([self.ac_bias.to(dtype).expand(1, h, a, p), b1], dim=-1)
-        na = F.interpolate(self.na_bias.to(dtype), size=(gh, gw), mode="bilinear")
+        na = self._resized(self.na_bias, dtype)
         b2 = na.reshape(1, h, a, gh * gw).transpose(-2, -1)
         b2 = b2 + (self.ha_bias + self.wa_bias).to(dtype).reshape(1, h, gh * gw, a)
         b2 = torch.cat([self.ca_bias.to(dtype).expand(1, h, p, a), b2], dim=-2)

@@ -129,7 +129,7 @@ def test_every_file_a_job_reads_is_declared(tmp_path):
         assert fields["benchmark"][0].startswith(f"{grid.RESULTS}/benchmarks/distill/")
     for rule in ("student", "reference"):
         for fields in by_rule[rule]:
-            assert {p.rsplit("/", 1)[1] for p in fields["output"]} == set(grid.MODEL_FILES)
+            assert {p.rsplit("/", 1)[1] for p in fields["output"]} == set(grid.STUDENT_FILES)
             assert fields["benchmark"][0].startswith(f"{grid.RESULTS}/benchmarks/students/")
             assert f"{teacher}/model.safetensors" in fields["input"]
             # .../<init>/<design>/steps<budget>/seed<s>/<file>: a design other than none starts from

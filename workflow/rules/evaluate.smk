@@ -13,10 +13,8 @@ rule evaluate:
         init=_alternatives(list(config["init_strategies"]) + [grid.REFERENCE_INIT]),
     params:
         cfg=planned(lambda wc: job_config("evaluation", "runtime", *input_keys(wc.dataset))),
-        # Strings with wildcards, not functions: Snakemake formats them without inspecting a
-        # callable per job (planning time grows with the number of callables per job).
-        run=RUN,
-        teacher=TEACHER_DIR,
+        run=in_folder("run_metrics"),  # from the input (Snakemake's lint: a param that spells an input's path)
+        teacher=TEACHER_DIR,  # a wildcard string: Snakemake formats it without calling a function per job
     log:
         grid.log_path("evaluate", RUN_KEY),
     benchmark:

@@ -3,7 +3,9 @@
 Every operator runs on the same shapes in one process, in alternating rounds (softmax, then each
 operator, again), so the ratios are measured side by side. Timings are medians over the rounds
 after a warm-up, on one device (the CPU unless told; on CUDA each timing ends with a synchronize,
-as kernels run asynchronously), in fp32 and eager: the operators as written.
+as kernels run asynchronously), in fp32; eager by default (the operators as written), or with
+`compile="inductor"` every module, softmax's included, compiled as a training job with
+`runtime.compile` compiles it (the warm-up pays the compilation, which is not timed).
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ SCOPES = ("module", "core")
 
 
 def _stepper(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_dim: int = 32,
-             scope: str = "core", device: torch.device | str = "cpu"):
+             scope: str = "core", device: torch.device | str = "cpu", compile: str | None = None):
     """One forward+backward pass of `variant` on (batch, tokens, heads*head_dim) patch tokens, as a
-    function (the module and its inputs built once), warmed up, and the device's synchronize."""
+    function (the module and its inputs built once, compiled by the `compile` backend if given),
+    warmed up, and the device's synchronize."""
     if scope not in SCOPES:
         raise ValueError(f"unknown benchmark scope {scope!r}; known: {', '.join(SCOPES)}")
     side = int(math.isqrt(tokens))
@@ -46,16 +49,19 @@ def _stepper(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_
     with torch.no_grad():
         # q, k, v as the module's own forward passes them to `attend`.
         qkv = [t.detach().requires_grad_() for t in op.split_heads(x)]
+    run = op if scope == "module" else op.attend
+    if compile:
+        run = torch.compile(run, backend=compile, fullgraph=True)
 
     def step():
         op.zero_grad(set_to_none=True)
         x.grad = None
         for t in qkv:
             t.grad = None
-        out = op(x) if scope == "module" else op.attend(*qkv)
+        out = run(x) if scope == "module" else run(*qkv)
         out.sum().backward()
 
-    step()  # warm-up (allocations, kernel selection)
+    step()  # warm-up (allocations, kernel selection; the compilation)
     sync()
     return step, sync
 
@@ -72,7 +78,7 @@ def _time(step, sync, min_seconds: float) -> float:
 
 def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_dim: int = 32,
                   scope: str = "core", repeats: int = 3, min_seconds: float = 0.2,
-                  device: torch.device | str = "cpu") -> float:
+                  device: torch.device | str = "cpu", compile: str | None = None) -> float:
     """Median seconds of one forward+backward pass on (batch, tokens, heads*head_dim) patch tokens.
 
     scope 'module': the whole attention module (qkv and output projections, gates included);
@@ -80,7 +86,7 @@ def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, 
     where softmax and linear operators differ.
     """
     step, sync = _stepper(variant, tokens, batch=batch, heads=heads, head_dim=head_dim, scope=scope,
-                          device=device)
+                          device=device, compile=compile)
     return statistics.median(_time(step, sync, min_seconds) for _ in range(repeats))
 
 
@@ -103,7 +109,11 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
     rows = []
     for n in tokens:
         names = [v for v in variants if v != REFERENCE or n <= max_softmax_tokens]
-        steps = {v: _stepper(v, n, **shape) for v in names}
+        steps = {}
+        for v in names:
+            if shape.get("compile"):  # compiling takes seconds per operator: say what is happening
+                print(f"benchmark: compiling {v} N={n} ({shape['compile']})", file=sys.stderr, flush=True)
+            steps[v] = _stepper(v, n, **shape)
         times = {v: [] for v in names}
         for _ in range(repeats):
             for v in names:
@@ -113,7 +123,7 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
             seconds = statistics.median(times[v])
             rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "core"),
                          "device": str(device), "dtype": "float32+tf32" if tf32 else "float32",
-                         "seconds": seconds})
+                         "compile": shape.get("compile") or "none", "seconds": seconds})
             print(f"benchmark: {v:>10} N={n:>6}: {seconds * 1e3:9.2f} ms", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows)
     ref = df[df.variant == REFERENCE].set_index("tokens")["seconds"]

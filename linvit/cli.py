@@ -150,15 +150,15 @@ def cmd_benchmark(args):
     from .io import atomic_path
 
     tokens = [int(t) for t in args.tokens.split(",")]
-    device = _runtime(args).device  # the benchmark times fp32, eager: the operators as written
+    device = _runtime(args).device  # the benchmark times fp32: eager unless --compile
     df = run_benchmark(args.variants.split(",") if args.variants else None, tokens,
                        max_softmax_tokens=args.max_softmax_tokens, batch=args.batch, heads=args.heads,
-                       head_dim=args.head_dim, scope=args.scope, device=device)
+                       head_dim=args.head_dim, scope=args.scope, device=device, compile=args.compile)
     with atomic_path(args.out) as tmp:
         df.to_csv(tmp, index=False)
     table = df.pivot(index="variant", columns="tokens", values="seconds") * 1e3
-    print(f"forward+backward ms of the {args.scope} on {device} (batch {args.batch}, {args.heads} heads, "
-          f"head dim {args.head_dim}):")
+    print(f"forward+backward ms of the {args.scope} on {device}, {args.compile or 'eager'} (batch {args.batch}, "
+          f"{args.heads} heads, head dim {args.head_dim}):")
     print(table.round(2).to_string())
     low, high = tokens[0], (4096 if 4096 in tokens else tokens[-1])
     print(summarize(df, low, high).round(2).to_string(index=False))
@@ -239,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--scope", choices=["core", "module"], default="core",
                        help="core (default): the token mixing from q, k, v, what SDPA does for softmax; "
                             "module: the whole attention module, with its projections and gates")
+    bench.add_argument("--compile", default=None, metavar="BACKEND",
+                       help="compile every module, softmax's included, with this torch.compile backend "
+                            "(inductor), as runtime.compile does in a job; default: eager")
     bench.add_argument("--threads", type=int, default=0)
     bench.add_argument("--device", default=None, help=device_help)
     bench.add_argument("--out", default="results/benchmark/attention.csv")

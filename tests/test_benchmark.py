@@ -27,3 +27,17 @@ def test_benchmark_command_writes_csv(tmp_path):
     out = run(["linvit", "benchmark", "--tokens", "16,64", "--variants", "relu", "--out", str(tmp_path / "b.csv")],
               cwd=tmp_path)
     assert (tmp_path / "b.csv").exists() and "relu" in out.stdout and "softmax" in out.stdout
+
+
+def test_benchmark_compiles_every_module_when_told():
+    """`compile`: softmax and the operator both run through torch.compile (the dynamo-only 'eager'
+    backend here: the same plumbing as inductor, without its C++ build), and the rows say so."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    df = run_benchmark(["elu"], tokens=(16,), scope="module", repeats=1, min_seconds=0.0, compile="eager")
+    assert set(df["compile"]) == {"eager"} and set(df.variant) == {"softmax", "elu"}
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # one graph per module
+    plain = run_benchmark(["elu"], tokens=(16,), repeats=1, min_seconds=0.0)
+    assert set(plain["compile"]) == {"none"}

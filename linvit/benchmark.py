@@ -107,28 +107,48 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
     # linvit.device turns TF32 matmuls on for CUDA: the fp32 figures are then TF32's, and say so.
     tf32 = device.type == "cuda" and torch.backends.cuda.matmul.fp32_precision == "tf32"
     rows = []
-    for n in tokens:
-        names = [v for v in variants if v != REFERENCE or n <= max_softmax_tokens]
-        steps = {}
-        for v in names:
-            if shape.get("compile"):  # compiling takes seconds per operator: say what is happening
-                print(f"benchmark: compiling {v} N={n} ({shape['compile']})", file=sys.stderr, flush=True)
-            steps[v] = _stepper(v, n, **shape)
-        times = {v: [] for v in names}
-        for _ in range(repeats):
-            for v in names:
-                times[v].append(_time(*steps[v], min_seconds))
-        del steps  # the next token count's modules and inputs replace these
-        for v in names:
-            seconds = statistics.median(times[v])
-            rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "core"),
-                         "device": str(device), "dtype": "float32+tf32" if tf32 else "float32",
-                         "compile": shape.get("compile") or "none", "seconds": seconds})
-            print(f"benchmark: {v:>10} N={n:>6}: {seconds * 1e3:9.2f} ms", file=sys.stderr, flush=True)
+    with _compile_limits(len(variants) * len(tokens)):
+        for n in tokens:
+            rows += _time_round_robin([v for v in variants if v != REFERENCE or n <= max_softmax_tokens], n,
+                                      repeats=repeats, min_seconds=min_seconds, tf32=tf32, **shape)
     df = pd.DataFrame(rows)
     ref = df[df.variant == REFERENCE].set_index("tokens")["seconds"]
     df["speedup_vs_softmax"] = [ref.get(n, float("nan")) / s for n, s in zip(df.tokens, df.seconds)]
     return df
+
+
+def _compile_limits(modules: int):
+    """Dynamo's recompile limits raised for one run: every module class compiles the same
+    `forward` code object once per token count, past the default limit of 8 per code object."""
+    import torch._dynamo
+
+    limit = max(torch._dynamo.config.recompile_limit, modules + 1)
+    return torch._dynamo.config.patch(recompile_limit=limit,
+                                      accumulated_recompile_limit=max(
+                                          torch._dynamo.config.accumulated_recompile_limit, limit))
+
+
+def _time_round_robin(names: list[str], n: int, *, repeats: int, min_seconds: float, tf32: bool,
+                      **shape) -> list[dict]:
+    """Rows of `names` at n tokens, timed in alternating rounds (see run_benchmark)."""
+    rows = []
+    steps = {}
+    for v in names:
+        if shape.get("compile"):  # compiling takes seconds per operator: say what is happening
+            print(f"benchmark: compiling {v} N={n} ({shape['compile']})", file=sys.stderr, flush=True)
+        steps[v] = _stepper(v, n, **shape)
+    times = {v: [] for v in names}
+    for _ in range(repeats):
+        for v in names:
+            times[v].append(_time(*steps[v], min_seconds))
+    del steps  # the next token count's modules and inputs replace these
+    for v in names:
+        seconds = statistics.median(times[v])
+        rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "core"),
+                     "device": str(shape.get("device", "cpu")), "dtype": "float32+tf32" if tf32 else "float32",
+                     "compile": shape.get("compile") or "none", "seconds": seconds})
+        print(f"benchmark: {v:>10} N={n:>6}: {seconds * 1e3:9.2f} ms", file=sys.stderr, flush=True)
+    return rows
 
 
 def summarize(df: pd.DataFrame, low: int = 256, high: int = 4096) -> pd.DataFrame:

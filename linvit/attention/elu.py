@@ -1,11 +1,9 @@
 """elu+1 linear attention (Katharopoulos et al. 2020, "Transformers are RNNs").
 
-phi(x) = elu(x) + 1, applied per head; no extra parameters.
+phi(x) = elu(x) + 1, applied per head (`base.elu_plus_one`); no extra parameters.
 """
 
-import torch.nn.functional as F
-
-from .base import LinearAttention, register_attention
+from .base import LinearAttention, elu_plus_one, register_attention
 
 
 @register_attention("elu")
@@ -13,4 +11,4 @@ class EluAttention(LinearAttention):
     eps = 1e-6
 
     def features(self, q, k):
-        return F.elu(q) + 1.0, F.elu(k) + 1.0
+        return elu_plus_one(q), elu_plus_one(k)

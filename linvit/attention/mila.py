@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import ImplicitAttention, LinearAttention, register_attention
+from .base import ImplicitAttention, LinearAttention, elu_plus_one, register_attention
 
 
 # -- helpers shared with rala.py --------------------------------------------------------------------
@@ -152,7 +152,7 @@ class MilaAttention(LinearAttention):
         return torch.cat([x[:, :, :patches.start], rot], dim=-2)
 
     def _features(self, q, k):
-        fq, fk = F.elu(q) + 1.0, F.elu(k) + 1.0
+        fq, fk = elu_plus_one(q), elu_plus_one(k)
         return fq, fk, self._rope(fq), self._rope(fk)
 
     def attend(self, q, k, v):

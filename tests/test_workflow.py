@@ -75,11 +75,11 @@ def job_counts(output: str) -> dict[str, int]:
 def test_dry_run_plans_one_student_job_per_cell(tmp_path):
     out = snakemake(tmp_path, "-n", "--cores", "2")
     counts = job_counts(out.stdout)
-    # 2 datasets x 1 size x 1 variant x 6 inits x 2 budgets x 1 seed
-    assert counts["student"] == 24
-    assert counts["reference"] == 2 * 2 and counts["teacher"] == 1 and counts["shards"] == 2
-    assert counts["distill"] == 2  # one per dataset for the distilling strategy, shared by both budgets
-    assert counts["evaluate"] == 28 and counts["report"] == 1
+    # 2 datasets x 1 size x 1 variant x 6 inits x 1 budget x 3 seeds
+    assert counts["student"] == 36
+    assert counts["reference"] == 2 * 3 and counts["teacher"] == 1 and counts["shards"] == 2
+    assert counts["distill"] == 2 * 3  # one per dataset and seed for the distilling strategy
+    assert counts["evaluate"] == 42 and counts["report"] == 1
     assert {k: v for k, v in counts.items() if k != "total"} == expected_jobs(DEFAULT)
     assert "No validator found" not in out.stdout + out.stderr  # snakemake.utils.validate's draft-07 warning
     assert not (tmp_path / "results").exists()

@@ -493,6 +493,32 @@ def test_cost_to_accuracy_adds_distillation_and_uses_wall_clock(tmp_path, captur
     assert "softmax reference" in legend_labels(fig) and "95% CI over seeds" in legend_labels(fig)
 
 
+def test_cost_to_accuracy_one_budget_goes_along_training(tmp_path, captured):
+    """One budget gives one point per line through budgets; with the curves, each line runs through the
+    runs' evaluations instead, shifted by the distillation's steps and seconds."""
+    runs = cost_runs()
+    runs = runs[runs["budget"] == 400]
+    curves = curves_frame(runs)
+    figures.cost_to_accuracy(runs, CONFIG, tmp_path, curves)
+    fig = captured["cost_to_accuracy"]
+    steps_ax, seconds_ax = panel(fig, "dsA · linA · micro")
+    assert fig.subfigs[0]._suptitle.get_text().startswith("Test accuracy along training")
+    lines = [line for line in steps_ax.get_lines() if line.get_marker() == "o"]
+    along = [0, 100, 200, 300, 400]
+    assert [list(line.get_xdata()) for line in lines] == [along, along, [s + DISTILL_STEPS for s in along],
+                                                          [s + DISTILL_STEPS for s in along], along]
+    for line, (init, design) in zip(lines, [("random", "none"), ("copy_all", "none"), ("distilled", "kl")]):
+        final = (accuracy(init, design, 400, 0) + accuracy(init, design, 400, 1)) / 2
+        assert np.allclose(line.get_ydata(), [final * (k + 1) / 5 for k in range(5)])
+    # Wall-clock: each evaluation's elapsed_s (k) plus the distillation's seconds.
+    seconds = [line for line in seconds_ax.get_lines() if line.get_marker() == "o"]
+    assert np.allclose(seconds[0].get_xdata(), range(5)) and np.allclose(seconds[2].get_xdata(),
+                                                                         [k + DISTILL_TIME for k in range(5)])
+    # Several budgets keep the points through budgets, curves or not.
+    figures.cost_to_accuracy(cost_runs(), CONFIG, tmp_path / "b", curves_frame(cost_runs()))
+    assert captured["cost_to_accuracy"].subfigs[0]._suptitle.get_text().startswith("Test accuracy against steps")
+
+
 def test_accuracy_vs_throughput_one_marker_per_operator_and_init(tmp_path, captured):
     runs = cost_runs()
     check_files(figures.accuracy_vs_throughput(runs, CONFIG, tmp_path), "accuracy_vs_throughput", min_px=(400, 600))

@@ -601,6 +601,12 @@ COST_ROWS = (("cost_steps", "student + distillation steps",
               "Test accuracy against steps (a distilled strategy's distillation steps added)"),
              ("cost_seconds", "train + distill seconds",
               "Test accuracy against wall-clock (train_time_s + distill_time_s, mean over seeds)"))
+# With one budget, the points are each run's evaluations along its training (curves.csv).
+COST_ROWS_ALONG = (("cost_steps", "student + distillation steps",
+                    "Test accuracy along training (a distilled strategy's distillation steps added; "
+                    "before the last step, on the first eval_samples test images)"),
+                   ("cost_seconds", "train + distill seconds",
+                    "Test accuracy along training against wall-clock (elapsed_s + distill_time_s, mean over seeds)"))
 
 
 def cost_frame(runs: pd.DataFrame) -> pd.DataFrame:
@@ -620,12 +626,31 @@ def cost_frame(runs: pd.DataFrame) -> pd.DataFrame:
     return ok
 
 
-def cost_to_accuracy(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
+def cost_frame_along(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """The finished runs' evaluations along training (curves.csv rows) with their cost: `cost_steps` =
+    the evaluation's step + the run's distillation steps, `cost_seconds` = its elapsed_s + the run's
+    distill_time_s, the latter's mean over seeds at each step (seeds share an x, as in cost_frame)."""
+    ok = _finished(runs)
+    number = lambda col: pd.to_numeric(ok[col], errors="coerce") if col in ok else pd.Series(math.nan, index=ok.index)
+    ok = ok.assign(distill_steps=number("distill_steps").fillna(0.0), distill_time_s=number("distill_time_s").fillna(0.0))
+    points = _with_axes(curves).merge(ok[ID_COLUMNS + ["distill_steps", "distill_time_s"]], on=ID_COLUMNS)
+    points = points.assign(cost_steps=pd.to_numeric(points["step"], errors="coerce") + points["distill_steps"],
+                           cost_seconds=pd.to_numeric(points["elapsed_s"], errors="coerce") + points["distill_time_s"])
+    keys = ["dataset", "size", "variant", "init", "design", "budget", "step"]
+    points["cost_seconds"] = points.groupby(keys, dropna=False)["cost_seconds"].transform("mean")
+    return points
+
+
+def cost_to_accuracy(runs: pd.DataFrame, config: dict, out_dir: str | Path,
+                     curves: pd.DataFrame | None = None) -> list[Path]:
     """Test accuracy against cost, one line per init strategy [design] through its budgets, the softmax
     reference dashed black: above against steps (student steps, plus the distillation's for a distilled
     strategy), below against wall-clock seconds of training plus distillation; the teacher's
-    pretraining is shared and not counted. Points: mean over seeds, bars: 95% bootstrap CI over seeds."""
-    data = cost_frame(runs)
+    pretraining is shared and not counted. Points: mean over seeds, bars: 95% bootstrap CI over seeds.
+    A grid of one budget has one point per line that way: given `curves`, its lines then go through
+    each run's evaluations along training instead (cost_frame_along)."""
+    along = curves is not None and _with_axes(runs)["budget"].nunique(dropna=False) <= 1 and not curves.empty
+    data = cost_frame_along(runs, curves) if along else cost_frame(runs)
     lines = _lines(data, config)
     labels = [_line_label(line) for line in lines]
     palette = dict(zip(labels, _init_colors(len(labels))))
@@ -635,7 +660,7 @@ def cost_to_accuracy(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> l
     fig = Figure(figsize=(width * n_cols, 2 * height * n_rows + 0.6), layout="constrained")
     FigureCanvasAgg(fig)
     drawn, reference_drawn = set(), False
-    for (x, xlabel, title), sub in zip(COST_ROWS, fig.subfigures(2, 1)):
+    for (x, xlabel, title), sub in zip(COST_ROWS_ALONG if along else COST_ROWS, fig.subfigures(2, 1)):
         _, panels = _panel_grid(config, width, height, target=sub)
         sub.suptitle(title)
         for (dataset, size, variant), ax in panels.items():

@@ -60,7 +60,7 @@ def write_report(config: dict, results: str | Path, report_dir: str | Path) -> l
     figures = (write_figures(runs, curves, config, figure_dir) + accuracy_by_budget(runs, config, figure_dir)
                + fidelity_by_block(runs, config, figure_dir)
                + attention_maps(attention_records(runs, results), figure_dir)
-               + gap_closed_heatmap(summary, config, figure_dir) + cost_to_accuracy(runs, config, figure_dir)
+               + gap_closed_heatmap(summary, config, figure_dir) + cost_to_accuracy(runs, config, figure_dir, curves)
                + accuracy_vs_throughput(runs, config, figure_dir))
     written.extend(figures)
     scaling, scaling_figures = _scaling_section(bench_path, report_dir) if bench_path.exists() else ("", [])
@@ -266,9 +266,10 @@ CAPTIONS = {
                       "softmax reference and each student (largest budget, first seed).",
     "gap_closed_heatmap": "Gap closed at the grid's largest budget (0: the random role, 1: the softmax reference), "
                           "operator x init strategy [design], one panel per dataset; empty cells are undefined.",
-    "cost_to_accuracy": "Test accuracy against cost, one line per init strategy [design] through its budgets, the "
-                        "softmax reference dashed: against steps (a distilled strategy's distillation steps added) "
-                        "and against train + distill seconds; bars are 95% bootstrap intervals over seeds.",
+    "cost_to_accuracy": "Test accuracy against cost, one line per init strategy [design] through its budgets (with "
+                        "one budget: through each run's evaluations along training), the softmax reference dashed: "
+                        "against steps (a distilled strategy's distillation steps added) and against train + distill "
+                        "seconds; bars are 95% bootstrap intervals over seeds.",
     "accuracy_vs_throughput": "Test accuracy at the largest budget against measured forward throughput (images/s on "
                               "the evaluating machine), per operator and init strategy [design], the softmax "
                               "reference a star; bars are 95% bootstrap intervals over seeds.",

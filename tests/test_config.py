@@ -36,9 +36,9 @@ def test_shipped_configs_are_valid(name):
 
 def test_default_grid_covers_every_cell():
     cells = student_cells(DEFAULT)
-    assert len(cells) == 2 * 1 * 1 * 6 * 2 * 1  # targets x sizes x variants x inits x budgets x seeds
+    assert len(cells) == 2 * 1 * 1 * 6 * 1 * 3  # targets x sizes x variants x inits x budgets x seeds
     assert {c.init for c in cells} == {"random", "copy_all", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill"}
-    assert {c.budget for c in cells} == {100, 400}
+    assert {c.budget for c in cells} == {200} and {c.seed for c in cells} == {0, 1, 2}
     assert {c.design for c in cells} == {"none", "proj_mse"}
 
 

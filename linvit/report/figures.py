@@ -609,6 +609,11 @@ COST_ROWS_ALONG = (("cost_steps", "student + distillation steps",
                     "Test accuracy along training against wall-clock (elapsed_s + distill_time_s, mean over seeds)"))
 
 
+def _column(frame: pd.DataFrame, col: str) -> pd.Series:
+    """`frame[col]` as numbers (NaN where it does not parse, or where the table has no such column)."""
+    return pd.to_numeric(frame[col], errors="coerce") if col in frame else pd.Series(math.nan, index=frame.index)
+
+
 def cost_frame(runs: pd.DataFrame) -> pd.DataFrame:
     """The finished runs with their cost: `cost_steps` = budget (the student's steps; `steps` where a
     table has no budget) + distillation steps (0 for a strategy that does not distill), and
@@ -616,7 +621,7 @@ def cost_frame(runs: pd.DataFrame) -> pd.DataFrame:
     same (dataset, size, variant, init, design, budget), so seeds share an x and seaborn's interval
     is over seeds."""
     ok = _finished(runs)
-    number = lambda col: pd.to_numeric(ok[col], errors="coerce") if col in ok else pd.Series(math.nan, index=ok.index)
+    number = lambda col: _column(ok, col)
     steps = number("budget").fillna(number("steps"))
     ok = ok.assign(cost_steps=steps + number("distill_steps").fillna(0.0),
                    cost_seconds=number("train_time_s") + number("distill_time_s").fillna(0.0))
@@ -631,7 +636,7 @@ def cost_frame_along(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     the evaluation's step + the run's distillation steps, `cost_seconds` = its elapsed_s + the run's
     distill_time_s, the latter's mean over seeds at each step (seeds share an x, as in cost_frame)."""
     ok = _finished(runs)
-    number = lambda col: pd.to_numeric(ok[col], errors="coerce") if col in ok else pd.Series(math.nan, index=ok.index)
+    number = lambda col: _column(ok, col)
     ok = ok.assign(distill_steps=number("distill_steps").fillna(0.0), distill_time_s=number("distill_time_s").fillna(0.0))
     points = _with_axes(curves).merge(ok[ID_COLUMNS + ["distill_steps", "distill_time_s"]], on=ID_COLUMNS)
     points = points.assign(cost_steps=pd.to_numeric(points["step"], errors="coerce") + points["distill_steps"],

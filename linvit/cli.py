@@ -254,8 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     harness.add_argument("--shards", default=None, help="a shard folder to read (default: scikit-learn digits, "
                                                         "written to a temporary folder)")
     harness.add_argument("--out-dir", default="results/bench", help="where <machine>.csv goes")
-    harness.add_argument("--steps", type=int, default=20, help="train: steps per repeat (at most an epoch)")
-    harness.add_argument("--repeats", type=int, default=3, help="train: repeats (medians reported)")
+    harness.add_argument("--steps", type=int, default=None,
+                         help="train: steps per repeat (default: the config's student steps; at most an epoch)")
+    harness.add_argument("--repeats", type=int, default=5, help="train: repeats (the median fit/bare pair reported)")
     harness.add_argument("--images", type=int, default=4096, help="loader: images read")
     harness.add_argument("--jobs", type=int, default=2000, help="plan: about this many jobs")
     harness.add_argument("--baseline", default=None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from pathlib import Path
 
@@ -478,3 +479,47 @@ def test_tar_reader_gives_the_regular_files_tarfile_gives(tmp_path, fmt):
     broken[600] ^= 0xFF  # inside the second header
     with pytest.raises(DataError, match="checksum"):
         list(_TarReader(io.BytesIO(bytes(broken))).members())
+
+
+@pytest.mark.parametrize("mode,bits", [("L", 8), ("RGB", 8), ("L", 1), ("P", 8), ("LA", 8), ("RGBA", 8),
+                                       ("I;16", 16)])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_png_pixels_are_the_ones_pil_decodes(mode, bits, channels):
+    """The loader decodes 8-bit gray and RGB PNGs with torchvision (no GIL held) and every other
+    PNG with PIL: either way a batch gets exactly the pixels PIL gives in the batch's mode."""
+    from linvit.data.loader import _decode_png
+
+    rng = np.random.default_rng(bits)
+    if mode == "I;16":
+        image = Image.fromarray((rng.random((9, 7)) * 65535).astype(np.uint16))
+    else:
+        image = Image.fromarray((rng.random((9, 7, 3)) * 255).astype(np.uint8), "RGB")
+        image = image.convert("1") if bits == 1 else image.convert(mode)
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    target = "L" if channels == 1 else "RGB"
+    with Image.open(io.BytesIO(buf.getvalue())) as im:
+        expected = np.asarray(im.convert(target))
+    fast = _decode_png(buf.getvalue(), channels)
+    # The fast path takes exactly the PNGs stored in the batch's own 8-bit mode.
+    assert (fast is not None) == (mode == target and bits == 8)
+    if fast is not None:
+        assert fast.dtype == np.uint8 and np.array_equal(fast, expected)
+    sample = {"png": buf.getvalue(), "cls": b"0", "__key__": "k", "__url__": "u.tar"}
+    shardset = ShardSet.__new__(ShardSet)  # _decode reads only these attributes
+    shardset.channels, shardset.num_classes, shardset.image_size = channels, 2, (9, 7)
+    decoded, label = shardset._decode(sample)
+    assert label == 0 and np.array_equal(decoded, expected)
+
+
+def test_a_broken_png_is_named_whichever_decoder_reads_it():
+    from linvit.data.loader import _decode_png
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((5, 5), np.uint8)).save(buf, format="PNG")
+    broken = buf.getvalue()[:40] + b"\0" * 20  # the header intact, the pixel data cut
+    assert _decode_png(buf.getvalue(), 1) is not None
+    shardset = ShardSet.__new__(ShardSet)
+    shardset.channels, shardset.num_classes, shardset.image_size = 1, 2, (5, 5)
+    with pytest.raises(DataError, match=r"u\.tar: sample k.*does not decode"):
+        shardset._decode({"png": broken, "cls": b"0", "__key__": "k", "__url__": "u.tar"})

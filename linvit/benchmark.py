@@ -34,7 +34,8 @@ def _stepper(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_
              scope: str = "core", device: torch.device | str = "cpu", compile: str | None = None):
     """One forward+backward pass of `variant` on (batch, tokens, heads*head_dim) patch tokens, as a
     function (the module and its inputs built once, compiled by the `compile` backend if given),
-    warmed up, and the device's synchronize."""
+    warmed up; the device's synchronize; and the pass's floating-point operations (`count_flops`,
+    counted on the eager pass, which is also the warm-up)."""
     if scope not in SCOPES:
         raise ValueError(f"unknown benchmark scope {scope!r}; known: {', '.join(SCOPES)}")
     side = int(math.isqrt(tokens))
@@ -49,21 +50,64 @@ def _stepper(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_
     with torch.no_grad():
         # q, k, v as the module's own forward passes them to `attend`.
         qkv = [t.detach().requires_grad_() for t in op.split_heads(x)]
-    run = op if scope == "module" else op.attend
+    def stepper(run):
+        def step():
+            op.zero_grad(set_to_none=True)
+            x.grad = None
+            for t in qkv:
+                t.grad = None
+            out = run(x) if scope == "module" else run(*qkv)
+            out.sum().backward()
+        return step
+
+    step = stepper(op if scope == "module" else op.attend)
+    flops = count_flops(step)  # eager, and the warm-up (allocations, kernel selection)
     if compile:
-        run = torch.compile(run, backend=compile, fullgraph=True)
-
-    def step():
-        op.zero_grad(set_to_none=True)
-        x.grad = None
-        for t in qkv:
-            t.grad = None
-        out = run(x) if scope == "module" else run(*qkv)
-        out.sum().backward()
-
-    step()  # warm-up (allocations, kernel selection; the compilation)
+        step = stepper(torch.compile(op if scope == "module" else op.attend, backend=compile, fullgraph=True))
+        step()  # the compilation
     sync()
-    return step, sync
+    return step, sync, flops
+
+
+def count_flops(step) -> int:
+    """Floating-point operations of one call of `step`, as torch's FlopCounterMode counts them:
+    matrix products, convolutions and attention kernels, forward and backward (elementwise work is
+    not counted), with two formulas of its torch 2.14 mended (`_flop_formulas`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
+        step()
+    return counter.get_total_flops()
+
+
+def _flop_formulas() -> dict:
+    """What torch's counter gets wrong or leaves out here:
+
+    - softmax's CPU attention kernel is not counted at all (only the CUDA ones are): counted with
+      torch's own flash-attention formulas (whose backward recomputes the scores);
+    - a convolution's backward ignores `groups`, so a depthwise convolution's weight gradient
+      counts C times its products (6.8 GFLOP for rala's 5x5 LePE at 4,096 tokens, against 0.05
+      for its forward): each of the gradients asked for takes exactly the forward's products.
+    """
+    from torch.utils import flop_counter as fc
+
+    aten = torch.ops.aten
+
+    def attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return fc.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+    def attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                           **kwargs) -> int:
+        return fc.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+    def conv_backward(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                      _output_padding, _groups, output_mask, out_shape=None, **kwargs) -> int:
+        forward = fc.conv_flop_count(x_shape, w_shape, grad_out_shape, transposed=transposed)
+        return forward * (bool(output_mask[0]) + bool(output_mask[1]))
+
+    return {aten._scaled_dot_product_flash_attention_for_cpu: attention,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: attention_backward,
+            aten.convolution_backward: conv_backward}
 
 
 def _time(step, sync, min_seconds: float) -> float:
@@ -85,14 +129,17 @@ def time_operator(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, 
     scope 'core': only the token mixing, from q, k, v to the heads' outputs (`attend`), which is
     where softmax and linear operators differ.
     """
-    step, sync = _stepper(variant, tokens, batch=batch, heads=heads, head_dim=head_dim, scope=scope,
-                          device=device, compile=compile)
+    step, sync, _ = _stepper(variant, tokens, batch=batch, heads=heads, head_dim=head_dim, scope=scope,
+                             device=device, compile=compile)
     return statistics.median(_time(step, sync, min_seconds) for _ in range(repeats))
 
 
 def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax_tokens: int = 16384,
                   repeats: int = 5, min_seconds: float = 0.2, **shape) -> pd.DataFrame:
-    """One row per (operator, tokens): seconds, and the ratio to softmax at the same tokens.
+    """One row per (operator, tokens): seconds, and the ratio to softmax at the same tokens; the
+    pass's counted GFLOP (`count_flops`) and rate, and `speedup_ceiling`, softmax's GFLOP over the
+    operator's: the speedup it would have at softmax's own rate of arithmetic (a ratio above it
+    means the operator's arithmetic runs faster than softmax's, below it slower).
 
     At each token count the operators are timed in rounds, each round timing every operator once
     in turn, and each operator's time is its median over the rounds: a machine that other work
@@ -112,8 +159,10 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
             rows += _time_round_robin([v for v in variants if v != REFERENCE or n <= max_softmax_tokens], n,
                                       repeats=repeats, min_seconds=min_seconds, tf32=tf32, **shape)
     df = pd.DataFrame(rows)
-    ref = df[df.variant == REFERENCE].set_index("tokens")["seconds"]
-    df["speedup_vs_softmax"] = [ref.get(n, float("nan")) / s for n, s in zip(df.tokens, df.seconds)]
+    ref = df[df.variant == REFERENCE].set_index("tokens")
+    df["speedup_vs_softmax"] = [ref.seconds.get(n, float("nan")) / s for n, s in zip(df.tokens, df.seconds)]
+    df["speedup_ceiling"] = [ref.gflop.get(n, float("nan")) / g if g else float("nan")
+                             for n, g in zip(df.tokens, df.gflop)]
     return df
 
 
@@ -132,11 +181,12 @@ def _time_round_robin(names: list[str], n: int, *, repeats: int, min_seconds: fl
                       **shape) -> list[dict]:
     """Rows of `names` at n tokens, timed in alternating rounds (see run_benchmark)."""
     rows = []
-    steps = {}
+    steps, flops = {}, {}
     for v in names:
         if shape.get("compile"):  # compiling takes seconds per operator: say what is happening
             print(f"benchmark: compiling {v} N={n} ({shape['compile']})", file=sys.stderr, flush=True)
-        steps[v] = _stepper(v, n, **shape)
+        step, sync, flops[v] = _stepper(v, n, **shape)
+        steps[v] = step, sync
     times = {v: [] for v in names}
     for _ in range(repeats):
         for v in names:
@@ -146,14 +196,15 @@ def _time_round_robin(names: list[str], n: int, *, repeats: int, min_seconds: fl
         seconds = statistics.median(times[v])
         rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "core"),
                      "device": str(shape.get("device", "cpu")), "dtype": "float32+tf32" if tf32 else "float32",
-                     "compile": shape.get("compile") or "none", "seconds": seconds})
+                     "compile": shape.get("compile") or "none", "seconds": seconds,
+                     "gflop": flops[v] / 1e9, "gflop_per_s": flops[v] / 1e9 / seconds})
         print(f"benchmark: {v:>10} N={n:>6}: {seconds * 1e3:9.2f} ms", file=sys.stderr, flush=True)
     return rows
 
 
 def summarize(df: pd.DataFrame, low: int = 256, high: int = 4096) -> pd.DataFrame:
-    """Per operator: growth of time from `low` to `high` tokens, speedup over softmax at `high`, and
-    the smallest measured token count from which it is faster than softmax."""
+    """Per operator: growth of time from `low` to `high` tokens, speedup over softmax at `high` (and
+    its FLOP ceiling there), and the smallest measured token count from which it is faster than softmax."""
     import pandas as pd
 
     rows = []
@@ -163,6 +214,8 @@ def summarize(df: pd.DataFrame, low: int = 256, high: int = 4096) -> pd.DataFram
         rows.append({"variant": v,
                      f"growth_{low}_to_{high}": t.get(high, float("nan")) / t.get(low, float("nan")),
                      f"speedup_vs_softmax_at_{high}": g.set_index("tokens")["speedup_vs_softmax"].get(high),
+                     **({f"speedup_ceiling_at_{high}": g.set_index("tokens")["speedup_ceiling"].get(high)}
+                        if "speedup_ceiling" in g else {}),
                      "faster_than_softmax_from": int(faster.min()) if len(faster) else None})
     out = pd.DataFrame(rows)
     out["faster_than_softmax_from"] = out["faster_than_softmax_from"].astype("Int64")

@@ -41,3 +41,36 @@ def test_benchmark_compiles_every_module_when_told():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 2  # one graph per module
     plain = run_benchmark(["elu"], tokens=(16,), repeats=1, min_seconds=0.0)
     assert set(plain["compile"]) == {"none"}
+
+
+def test_flops_are_counted_for_softmax_kernels_and_grow_linearly_for_a_linear_operator():
+    """gflop: softmax's module is its four projections (forward, and the backward's two products
+    each) plus torch's formula for the attention kernel (4 b h n^2 d forward, 10 backward, the
+    scores recomputed); a linear operator's count doubles with the tokens; the ceiling is the ratio."""
+    b, h, d = 2, 4, 8
+    c = h * d
+    df = run_benchmark(["elu"], tokens=(64, 256), scope="module", repeats=1, min_seconds=0.0,
+                       batch=b, heads=h, head_dim=d)
+    got = df.set_index(["variant", "tokens"])
+    for n in (64, 256):
+        assert got.gflop["softmax", n] * 1e9 == 3 * 2 * b * n * c * 4 * c + 14 * b * h * n * n * d
+        assert got.speedup_ceiling["elu", n] == pytest.approx(got.gflop["softmax", n] / got.gflop["elu", n])
+        assert got.gflop_per_s["elu", n] == pytest.approx(got.gflop["elu", n] / got.seconds["elu", n])
+    assert got.gflop["elu", 256] == pytest.approx(4 * got.gflop["elu", 64])
+    assert got.speedup_ceiling["softmax", 64] == 1.0
+    assert "speedup_ceiling_at_256" in summarize(df, 64, 256).columns
+
+
+@pytest.mark.parametrize("groups", [1, 8])
+def test_a_convolutions_backward_counts_the_forwards_products_once_per_gradient(groups):
+    """torch's counter ignores `groups` in a convolution's backward (a depthwise weight gradient
+    counted C times over); count_flops counts each gradient as the forward's products."""
+    import torch
+
+    from linvit.benchmark import count_flops
+
+    conv = torch.nn.Conv2d(8, 8, 5, padding=2, groups=groups, bias=False)
+    x = torch.randn(2, 8, 12, 12, requires_grad=True)
+    forward = 2 * 2 * 12 * 12 * 8 * (8 // groups) * 25  # 2 flops per multiply-add
+    assert count_flops(lambda: conv(x)) == forward
+    assert count_flops(lambda: conv(x).sum().backward()) == 3 * forward  # + input and weight gradients

@@ -362,7 +362,7 @@ def run(names: list[str], *, config_path=None, shards=None, out_dir="results/ben
     config = load(config_path)
     out = []
     with tempfile.TemporaryDirectory(prefix="linvit-bench-data-") as tmp:
-        data = Path(shards) if shards else None
+        data = Path(shards).resolve() if shards else None  # absolute: jobcost's jobs run in other folders
         consumption = None
         for name in names:
             if name != "plan" and data is None:

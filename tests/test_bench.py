@@ -79,3 +79,27 @@ def test_jobcost_splits_a_one_step_student_job(shards, tmp_path, quiet_machine):
 def test_an_unknown_benchmark_is_one_line(tmp_path):
     with pytest.raises(ValueError, match="unknown benchmark 'nope'"):
         bench.run(["nope"], shards=tmp_path, out_dir=tmp_path)
+
+
+def test_train_ratio_is_the_median_pair_so_a_slow_spell_hitting_both_runs_drops_out(shards, monkeypatch):
+    """Each repeat's fit and bare loop run back to back; a machine slowed for one whole repeat
+    slows both, so that pair's ratio is unchanged, where a ratio of medians would shift."""
+    import linvit.train
+
+    speeds = iter([100.0, 95.0, 20.0, 19.0, 100.0, 97.0])  # (bare, fit) images/s per repeat; repeat 2 slow
+    def bare(config, data, batches, spec):
+        return next(speeds)
+
+    def fit(task, spec, data, out_dir, **kw):
+        return {"train_time_s": spec.steps * spec.batch_size / next(speeds), "eval_time_s": 0.5}
+
+    monkeypatch.setattr(bench, "bare_loop", bare)
+    monkeypatch.setattr(linvit.train, "fit", fit)
+    # The order alternates (bare first, then fit first): the speeds above are consumed in run order.
+    rows, _ = bench.bench_train(bench.load(None), shards, steps=1, repeats=3)
+    got = {r["metric"]: r["value"] for r in rows}
+    pairs = [95 / 100, 20 / 19, 97 / 100]  # repeat 2 ran fit first: its fit is the 20
+    assert got["fit_over_bare"] == pytest.approx(sorted(pairs)[1])
+    assert got["fit_over_bare_lowest"] == pytest.approx(min(pairs))
+    assert got["fit_over_bare_highest"] == pytest.approx(max(pairs))
+    assert got["steps"] == 1

@@ -60,10 +60,11 @@ def _stepper(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_
             out.sum().backward()
         return step
 
-    step = stepper(op if scope == "module" else op.attend)
+    target = op if scope == "module" else op.attend
+    step = stepper(target)
     flops = count_flops(step)  # eager, and the warm-up (allocations, kernel selection)
     if compile:
-        step = stepper(torch.compile(op if scope == "module" else op.attend, backend=compile, fullgraph=True))
+        step = stepper(torch.compile(target, backend=compile, fullgraph=True))
         step()  # the compilation
     sync()
     return step, sync, flops

@@ -272,6 +272,9 @@ def main(argv=None) -> int:
     """Run one command; 0 on success. Called without `argv` (the `linvit` console command), the
     process ends here through os._exit once its output is flushed: a job's result is written by
     then, and tearing down torch's modules and objects at interpreter exit took ~2 s per job."""
+    from .allocator import keep_freed_memory
+
+    keep_freed_memory()  # before any tensor: every batch's activations reuse the same pages
     code = _run(argv)
     stamp("finished")
     if argv is None:

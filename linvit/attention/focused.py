@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import LinearAttention, merge_heads, register_attention
+from .depthwise import depthwise_conv2d
 
 
 @register_attention("focused")
@@ -69,8 +70,8 @@ class FocusedAttention(LinearAttention):
 
     def mix(self, v):
         b, h, n, d = v.shape
-        conv = F.conv2d(self._grid(v), self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype),
-                        padding=self.dwc.padding, groups=self.head_dim)
+        conv = depthwise_conv2d(self._grid(v), self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype),
+                                self.dwc.padding)
         conv = conv.permute(0, 2, 3, 1).reshape(b, h, -1, d)
         if not self.num_prefix_tokens:
             return conv

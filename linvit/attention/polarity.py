@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import ImplicitAttention, LinearAttention, register_attention
+from .depthwise import depthwise_conv2d
 
 _X_MAX = 1e6
 _LOG_MIN_FACTOR = math.log(1e-30)
@@ -217,8 +218,7 @@ class PolarityAttention(LinearAttention):
         gh, gw = self.grid_size
         # (B*H, gh, gw, D) permuted to NCHW is channels-last: the fast layout for depthwise convs
         grid = v[:, :, self.patch_slice(n)].reshape(b * h, gh, gw, d).permute(0, 3, 1, 2)
-        conv = F.conv2d(grid, self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype),
-                        padding=self.dwc.padding, groups=d)
+        conv = depthwise_conv2d(grid, self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype), self.dwc.padding)
         return conv.permute(0, 2, 3, 1).reshape(b, h, gh * gw, d)
 
     def mix(self, v):

@@ -1,0 +1,54 @@
+"""linvit.attention.depthwise: the depthwise convolution with the folded weight gradient gives
+PyTorch's convolution's output and gradients, in both memory layouts the operators use."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from linvit.attention.depthwise import _DepthwiseConv, depthwise_conv2d
+
+
+@pytest.mark.parametrize("kernel", [5, 7])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gradients_match_pytorchs_convolution(kernel, channels_last, bias):
+    g = torch.Generator().manual_seed(kernel)
+    x = torch.randn(3, 6, 9, 11, dtype=torch.float64, generator=g)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(6, 1, kernel, kernel, dtype=torch.float64, generator=g)
+    b = torch.randn(6, dtype=torch.float64, generator=g) if bias else None
+    grad = torch.randn(3, 6, 9, 11, dtype=torch.float64, generator=g)
+    outs = []
+    for conv in (depthwise_conv2d, lambda *a: F.conv2d(*a[:3], padding=a[3], groups=6)):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w) + ((b,) if bias else ())]
+        out = conv(leaves[0], leaves[1], leaves[2] if bias else None, kernel // 2)
+        out.backward(grad)
+        outs.append([out] + [t.grad for t in leaves])
+    for ours, theirs in zip(*outs):
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 6, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(3, 1, 5, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: _DepthwiseConv.apply(x, w, b, (2, 2)), (x, w, b))
+
+
+@pytest.mark.parametrize("kernel, padding", [(3, 1), (5, 1)])
+def test_other_kernels_and_paddings_are_pytorchs_own_convolution(kernel, padding):
+    # 3x3 (oneDNN's weight gradient is the faster one) and an output smaller than the input.
+    x = torch.randn(1, 4, 8, 8)
+    w = torch.randn(4, 1, kernel, kernel, requires_grad=True)
+    out = depthwise_conv2d(x, w, None, padding)
+    assert out.grad_fn is not None and "DepthwiseConv" not in type(out.grad_fn).__name__
+    torch.testing.assert_close(out, F.conv2d(x, w, None, padding=padding, groups=4))
+
+
+def test_the_folded_gradient_is_used_for_a_5x5_kernel_on_the_cpu():
+    out = depthwise_conv2d(torch.randn(1, 4, 8, 8), torch.randn(4, 1, 5, 5, requires_grad=True), None, 2)
+    assert "DepthwiseConv" in type(out.grad_fn).__name__

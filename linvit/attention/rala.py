@@ -42,8 +42,7 @@ from torch import nn
 
 from .base import (ImplicitAttention, LinearAttention, elu_plus_one, kernel_attention, kernel_matrix,
                    register_attention)
-from .mila import (PatchLePE, axial_rope_angles, rotary_kernel_attention, rotary_kernel_matrix,
-                   rotate_pairs)
+from .mila import PatchLePE, axial_rope_angles, rotary_kernel_attention, rotary_kernel_matrix, rotate_patches
 
 
 @register_attention("rala")
@@ -78,9 +77,7 @@ class RalaAttention(LinearAttention):
         return fq, fk * alpha
 
     def _rope(self, x):
-        patches = self.patch_slice(x.shape[-2])
-        rot = rotate_pairs(x[:, :, patches], self.rope_cos, self.rope_sin)
-        return torch.cat([x[:, :, :patches.start], rot], dim=-2)
+        return rotate_patches(x, self.patch_slice(x.shape[-2]), self.rope_cos, self.rope_sin)
 
     def attend(self, q, k, v):
         fq, fk = self.features(q, k)

@@ -102,11 +102,13 @@ class AgentAttention(LinearAttention):
         gh, gw = self.grid_size
         an = self._resized(self.an_bias, dtype)
         b1 = an.reshape(1, h, a, gh * gw) + (self.ah_bias + self.aw_bias).to(dtype).reshape(1, h, a, gh * gw)
-        b1 = torch.cat([self.ac_bias.to(dtype).expand(1, h, a, p), b1], dim=-1)
+        if p:  # the class/register tokens' biases first (no copy of the rest without them)
+            b1 = torch.cat([self.ac_bias.to(dtype).expand(1, h, a, p), b1], dim=-1)
         na = self._resized(self.na_bias, dtype)
         b2 = na.reshape(1, h, a, gh * gw).transpose(-2, -1)
         b2 = b2 + (self.ha_bias + self.wa_bias).to(dtype).reshape(1, h, gh * gw, a)
-        b2 = torch.cat([self.ca_bias.to(dtype).expand(1, h, p, a), b2], dim=-2)
+        if p:
+            b2 = torch.cat([self.ca_bias.to(dtype).expand(1, h, p, a), b2], dim=-2)
         return b1, b2
 
     def _softmaxes(self, q, k):

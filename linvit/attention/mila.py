@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import ImplicitAttention, LinearAttention, elu_plus_one, register_attention
+from .base import ImplicitAttention, LinearAttention, elu_plus_one, kernel_attention, register_attention
 from .depthwise import depthwise_conv2d
 
 
@@ -82,10 +82,7 @@ def rotate_patches(x: torch.Tensor, patches: slice, cos: torch.Tensor, sin: torc
 
 def rotary_kernel_attention(fq, fk, fq_rot, fk_rot, v, eps):
     """Numerator with rotated features, denominator with plain ones; means over tokens, O(N)."""
-    n = fk.shape[-2]
-    kv = torch.einsum("bhnf,bhnd->bhfd", fk_rot, v) / n
-    den = torch.einsum("bhnf,bhf->bhn", fq, fk.mean(dim=-2))
-    return torch.einsum("bhnf,bhfd->bhnd", fq_rot, kv) / (den.unsqueeze(-1) + eps)
+    return kernel_attention(fq, fk, v, eps, fq_num=fq_rot, fk_num=fk_rot)
 
 
 def rotary_kernel_matrix(fq, fk, fq_rot, fk_rot, eps):

@@ -277,3 +277,19 @@ def test_kernel_attention_backward_passes_gradcheck(rotary):
     na, nb = (a, b) if rotary else (fq, fk)
     plain = (na @ (nb.transpose(-1, -2) @ v) / 7) / (fq @ fk.mean(dim=-2).unsqueeze(-1) + 1e-3)
     torch.testing.assert_close(kernel_attention(fq, fk, v, 1e-3, **extra), plain)
+
+
+def test_kernel_attention_clamped_normalizer_gradcheck():
+    # cosFormer's max(mean, eps): tokens whose features are all zero sit at the floor, with no
+    # gradient through the normalizer there.
+    from linvit.attention.base import kernel_attention
+
+    g = torch.Generator().manual_seed(2)
+    fq, fk = (torch.rand(2, 3, 7, 5, dtype=torch.float64, generator=g) for _ in range(2))
+    fq[:, :, :2] = 0
+    fq.requires_grad_()
+    fk.requires_grad_()
+    v = torch.randn(2, 3, 7, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *t: kernel_attention(*t, 1e-3, clamp=True), (fq, fk, v))
+    plain = (fq @ (fk.transpose(-1, -2) @ v) / 7) / (fq @ fk.mean(dim=-2).unsqueeze(-1)).clamp_min(1e-3)
+    torch.testing.assert_close(kernel_attention(fq, fk, v, 1e-3, clamp=True), plain)

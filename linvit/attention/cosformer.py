@@ -45,7 +45,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import ImplicitAttention, LinearAttention, register_attention
+from .base import ImplicitAttention, LinearAttention, kernel_attention, register_attention
 
 
 @register_attention("cosformer")
@@ -89,12 +89,9 @@ class CosFormerAttention(LinearAttention):
 
     def attend(self, q, k, v):
         fq, fk = self.features(q, k)
-        n = fk.shape[-2]
-        # Numerator and normalizer from one product: phi(K)^T [V, 1] / N, then phi(Q) times it.
-        # (Written as [V, 1]^T phi(K), (D + 1, F), so that no gradient comes out transposed.)
-        vk = (torch.cat([v, torch.ones_like(v[..., :1])], dim=-1) / n).transpose(-1, -2) @ fk
-        out = fq @ vk.transpose(-1, -2)
-        return out[..., :-1] / out[..., -1:].clamp_min(self.eps / n)
+        # cosFormer's normalizer, max(mean_j, eps / N); the base's kernel core (its backward written
+        # out: 33-35 against 38-41 ms with autograd over [V, 1] products at 4,096 tokens, F = 128)
+        return kernel_attention(fq, fk, v, self.eps / fk.shape[-2], clamp=True)
 
     def implicit(self, q, k, v):
         fq, fk = self.features(q, k)

@@ -80,10 +80,23 @@ class AgentAttention(LinearAttention):
 
     # -- agents and biases -----------------------------------------------------------------------
     def _agents(self, q):
-        """(B, H, n_a, D): the patch queries average-pooled to a pool x pool grid, per channel."""
-        b, h, n, d = q.shape
-        pooled = F.adaptive_avg_pool2d(self._grid(q), self.pool_size)  # (B, C, pool, pool)
-        return pooled.reshape(b, h, d, self.agent_num).transpose(-2, -1)
+        """(B, H, n_a, D): the patch queries average-pooled to a pool x pool grid, per channel, as
+        one product with the pooling's own weights (read off F.adaptive_avg_pool2d with one-hot
+        images) on q's layout: the pooling needed the queries copied to a channel layout first."""
+        patches = self.patch_slice(q.shape[-2])
+        return self._pooling(q.dtype, q.device) @ q[:, :, patches]
+
+    def _pooling(self, dtype, device):
+        """(n_a, patches): adaptive average pooling of the patch grid to pool x pool, as a matrix.
+        The pooling is separable: each axis's weights are read off F.adaptive_avg_pool2d itself
+        (one-hot inputs), and their outer product is the 2-D pooling's."""
+        gh, gw = self.grid_size
+        axes = []
+        for size in (gh, gw):
+            eye = torch.eye(size, dtype=dtype, device=device).reshape(size, 1, size, 1)
+            axes.append(F.adaptive_avg_pool2d(eye, (self.pool_size, 1)).reshape(size, self.pool_size).T)
+        rows, cols = axes  # (pool, gh), (pool, gw)
+        return (rows[:, None, :, None] * cols[None, :, None, :]).reshape(self.agent_num, gh * gw)
 
     def _resized(self, bias, dtype):
         """F.interpolate(bias, size=grid, mode="bilinear") for the (H, n_a, 7, 7) biases, as two

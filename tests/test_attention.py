@@ -293,3 +293,19 @@ def test_kernel_attention_clamped_normalizer_gradcheck():
     assert torch.autograd.gradcheck(lambda *t: kernel_attention(*t, 1e-3, clamp=True), (fq, fk, v))
     plain = (fq @ (fk.transpose(-1, -2) @ v) / 7) / (fq @ fk.mean(dim=-2).unsqueeze(-1)).clamp_min(1e-3)
     torch.testing.assert_close(kernel_attention(fq, fk, v, 1e-3, clamp=True), plain)
+
+
+def test_focused_focus_map_backward_passes_gradcheck():
+    # _FocusMap writes its backward out (x and the softplus'd scale); against autograd through the
+    # formula as written, and finite differences.
+    import torch.nn.functional as F
+
+    from linvit.attention.focused import _FocusMap
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 5, 6, dtype=torch.float64, generator=g, requires_grad=True)
+    s = (torch.rand(6, dtype=torch.float64, generator=g) + 0.5).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, s: _FocusMap.apply(x, s, 3.0), (x, s))
+    a = (F.relu(x) + 1e-6) / s
+    written = a ** 3 * (a.norm(dim=-1, keepdim=True) / (a ** 3).norm(dim=-1, keepdim=True))
+    torch.testing.assert_close(_FocusMap.apply(x, s, 3.0), written)

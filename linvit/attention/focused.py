@@ -19,6 +19,45 @@ from .base import LinearAttention, merge_heads, register_attention
 from .depthwise import depthwise_conv2d
 
 
+class _FocusMap(torch.autograd.Function):
+    """phi_p(x) = ||x'|| x'^p / ||x'^p|| with x' = (relu(x) + 1e-6) / s, norms over the last dim,
+    for x (..., C) and s (C,), with its backward written out. Per token, with r = ||x'|| / ||x'^p||,
+    g the output's gradient and G = g . x'^p:
+
+        d/dx' = r (p x'^(p-1) (g - G x'^p / ||x'^p||^2) + G x' / ||x'||^2)
+
+    then d/dx = d/dx' / s where x > 0 (0 elsewhere), d/ds = -sum over tokens of d/dx' x' / s.
+    About ten passes over the features each way; autograd through relu, the division, the two
+    norms, the power and the products took several times that (11-12 against 6.5-9 ms a call at
+    4,096 tokens, measured by an earlier session)."""
+
+    @staticmethod
+    def forward(ctx, x, s, p):
+        a = F.relu(x).add_(1e-6).div_(s)  # x' > 0
+        n1 = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
+        xp = a.pow(p)
+        n2 = torch.linalg.vector_norm(xp, dim=-1, keepdim=True)
+        r = n1.div_(n2)  # n1 is not needed again: r in its place
+        ctx.save_for_backward(x, s, a, xp, r, n2)
+        ctx.p = p
+        return xp * r
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):
+        x, s, a, xp, r, n2 = ctx.saved_tensors
+        big_g = (g * xp).sum(dim=-1, keepdim=True)  # G
+        n1_sq = (r * n2).square_()
+        u = torch.addcmul(g, xp, big_g / n2.square(), value=-1)  # g - G x'^p / |x'^p|^2
+        u.mul_(xp).div_(a).mul_(ctx.p)  # p x'^(p-1) (...)
+        u.addcmul_(a, big_g / n1_sq).mul_(r)  # d/dx'
+        grad_s = None
+        if ctx.needs_input_grad[1]:
+            grad_s = (u * a).sum(dim=tuple(range(u.dim() - 1))).div_(s).neg_()
+        grad_x = u.div_(s).mul_(x > 0) if ctx.needs_input_grad[0] else None
+        return grad_x, grad_s, None
+
+
 @register_attention("focused")
 class FocusedAttention(LinearAttention):
     eps = 1e-6
@@ -47,12 +86,8 @@ class FocusedAttention(LinearAttention):
         return t.reshape(b, n, self.num_heads, c // self.num_heads).transpose(1, 2)
 
     def _focus(self, x):
-        scale = F.softplus(self.scale.to(x.dtype)).reshape(1, 1, -1)
-        x = (F.relu(x) + 1e-6) / scale
-        norm = x.norm(dim=-1, keepdim=True)
-        xp = x ** self.focusing_factor
-        # the two per-token norms combined first: one pass over the features instead of two
-        return xp * (norm / xp.norm(dim=-1, keepdim=True))
+        scale = F.softplus(self.scale.to(x.dtype)).reshape(-1)
+        return _FocusMap.apply(x, scale, float(self.focusing_factor))
 
     def features(self, q, k):
         # Features are computed over all channels and then split, as FLatten does.

@@ -27,9 +27,9 @@ class _FocusMap(torch.autograd.Function):
         d/dx' = r (p x'^(p-1) (g - G x'^p / ||x'^p||^2) + G x' / ||x'||^2)
 
     then d/dx = d/dx' / s where x > 0 (0 elsewhere), d/ds = -sum over tokens of d/dx' x' / s.
-    About ten passes over the features each way; autograd through relu, the division, the two
-    norms, the power and the products took several times that (11-12 against 6.5-9 ms a call at
-    4,096 tokens, measured by an earlier session)."""
+    About ten passes over the features each way, fewer than autograd takes through relu, the
+    division, the two norms, the power and the products: forward and backward of (2, 4096, 128)
+    on one CPU thread, 4.1-5.8 against 6.7-7.1 ms."""
 
     @staticmethod
     def forward(ctx, x, s, p):

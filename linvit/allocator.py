@@ -13,10 +13,11 @@ that size come from the heap, larger ones are still mapped and unmapped. The tri
 1 GiB: at 64 MiB (twice the mmap threshold, the ratio glibc keeps when it raises them itself) the
 operator benchmark's module steps at 4,096 tokens ran 5-20% slower than with glibc's defaults in
 two alternating rounds, with about as many page faults (why is not established); at 1 GiB they
-ran as with the defaults. Trimming less never raises a process's peak
-memory; it only keeps what a peak took until the process ends.
-Elsewhere (macOS, musl) there is no `mallopt` and nothing changes. Numbers are unaffected: torch
-aligns every CPU buffer to 64 bytes itself, whichever way the memory was obtained.
+ran as with the defaults. Trimming less never raises a process's peak memory; it only keeps what
+a peak took until the process ends. Elsewhere (macOS, musl) there is no `mallopt` and nothing
+changes. Numbers are unaffected (torch aligns every CPU buffer to 64 bytes itself, whichever way
+the memory was obtained): a 20-step student's weights and test predictions were the same bytes
+with and without these settings.
 """
 
 from __future__ import annotations

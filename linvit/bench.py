@@ -153,15 +153,16 @@ def _model(config: dict, data, seed: int = 0):
                      img_size=tuple(data.input_size), in_chans=data.channels)
 
 
-def bare_loop(config: dict, data, batches: list, spec) -> float:
-    """Images/s of a plain PyTorch loop: the harness's model, AdamW groups, schedule, clip and loss,
-    on `batches` already in memory (every step timed, the first included, as in fit)."""
+def bare_loop(config: dict, data, batches: list, spec, runtime) -> float:
+    """Images/s of a plain PyTorch loop: the harness's model (placed as fit places it, so both use
+    the same linear kernels), AdamW groups, schedule, clip and loss, on `batches` already in memory
+    (every step timed, the first included, as in fit)."""
     import torch
     import torch.nn.functional as F
 
     from .train import param_groups
 
-    model = _model(config, data).train()
+    model = runtime.place(_model(config, data)).train()
     named = list(model.named_parameters())
     optimizer = torch.optim.AdamW(param_groups(model, named, spec.weight_decay), lr=spec.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
@@ -210,7 +211,7 @@ def bench_train(config: dict, shards: Path, *, steps: int | None = None, repeats
             say(f"train: repeat {r + 1}/{repeats}: {order[0]}, then {order[1]} ({steps} steps of {spec.batch_size})")
             for which in order:
                 if which == "bare":
-                    bare.append(bare_loop(config, data, batches, spec))
+                    bare.append(bare_loop(config, data, batches, spec, runtime))
                     continue
                 task = ClassifyTask(_model(config, data), data, spec, runtime)
                 summary = fit(task, spec, data, Path(tmp) / f"run{r}", seed=0, desc="bench", runtime=runtime)
@@ -241,8 +242,8 @@ def bench_loader(config: dict, shards: Path, *, images: int = 4096, consumption:
     if consumption is None:
         say(f"loader: the bare loop's consumption ({steps} steps of {spec.batch_size})")
         batches = _train_batches(data, spec, steps)
-        bare_loop(config, data, batches[:1], spec)  # warm-up
-        consumption = bare_loop(config, data, batches, spec)
+        bare_loop(config, data, batches[:1], spec, runtime)  # warm-up
+        consumption = bare_loop(config, data, batches, spec, runtime)
     say(f"loader: {images} images through the train pipeline (workers {runtime.workers}, "
         f"prefetch {data.prefetch}, transform {'timm' if data.pipeline is not None else 'none'})")
     seen, epoch, start, first = 0, 0, time.perf_counter(), None

@@ -150,10 +150,12 @@ def cmd_benchmark(args):
     from .io import atomic_path
 
     tokens = [int(t) for t in args.tokens.split(",")]
-    device = _runtime(args).device  # the benchmark times fp32: eager unless --compile
+    rt = _runtime(args)  # the benchmark times fp32: eager unless --compile
+    device = rt.device
     df = run_benchmark(args.variants.split(",") if args.variants else None, tokens,
                        max_softmax_tokens=args.max_softmax_tokens, batch=args.batch, heads=args.heads,
-                       head_dim=args.head_dim, scope=args.scope, device=device, compile=args.compile)
+                       head_dim=args.head_dim, scope=args.scope, device=device, compile=args.compile,
+                       cpu_linear=rt.cpu_linear)
     with atomic_path(args.out) as tmp:
         df.to_csv(tmp, index=False)
     table = df.pivot(index="variant", columns="tokens", values="seconds") * 1e3

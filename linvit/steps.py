@@ -236,7 +236,8 @@ def run_teacher(config: dict, size: str, seed: int | None, shards_dir, out_dir,
                                {"step": "teacher", "size": size}, {"data": data.dir / MANIFEST}, runtime)
     torch.manual_seed(seed)
     model = build_vit(size, num_classes=data.num_classes, img_size=data.input_size,
-                      in_chans=data.channels).to(runtime.device)
+                      in_chans=data.channels)
+    model = runtime.place(model)
     task = ClassifyTask(model, data, spec, runtime, _mixup(config, dataset))
     summary = fit(task, spec, data, out_dir, seed=seed,
                   desc=f"teacher {size}", fingerprint=fingerprint, runtime=runtime)
@@ -326,7 +327,7 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, init: str, 
     where = [f"distill_designs.{design}" + (f".phases[{i}]" if "phases" in spec else "") + ".losses"
              for i in range(len(phases))]
     terms = [parse_terms(phase["losses"], key) for (phase, _), key in zip(phases, where)]
-    teacher, student = teacher.to(runtime.device), student.to(runtime.device)
+    teacher, student = runtime.place(teacher), runtime.place(student)
     fingerprint = _fingerprint({**config, "init_strategy": strategy, "design": spec},
                                ["distill.train", "design", "init_strategy", "evaluation.fidelity_samples",
                                 *_input_keys(dataset)], seed,
@@ -453,11 +454,11 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
               + ", ".join(f"{g}={copied.get(g, 0)}" for g in GROUPS)
               + (f" + distilled ({design})" if distill else "")
               + (f" + training losses {', '.join(t.label for t in terms)}" if terms else ""), file=sys.stderr)
-    student = student.to(runtime.device)
+    student = runtime.place(student)
     objective = None
     if terms:
-        objective = Objective(teacher.to(runtime.device), student, terms,
-                              logit_teacher=None if logit_teacher is None else logit_teacher.to(runtime.device))
+        objective = Objective(runtime.place(teacher), student, terms,
+                              logit_teacher=None if logit_teacher is None else runtime.place(logit_teacher))
     else:
         del teacher  # copied from; the student alone goes to the device
     task = ClassifyTask(student, data, spec, runtime, _mixup(config, dataset), objective=objective,
@@ -490,7 +491,7 @@ def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path, runti
     metrics = read_json(run_dir / "metrics.json", what="run metrics")
     model, _ = load_model(run_dir)
     data, teacher, _, _ = _teacher(config, metrics["dataset"], metrics["size"], teacher_dir, shards_dir, runtime)
-    model, teacher = model.to(runtime.device), teacher.to(runtime.device)
+    model, teacher = runtime.place(model), runtime.place(teacher)
     settings = config.get("evaluation", {})
     x, _ = data.fixed_batch("test", min(settings.get("fidelity_samples", 64), data.num_samples("test")))
     x = runtime.batch(x)[0]

@@ -333,7 +333,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     fingerprint = {"seed": seed, **fingerprint}
     # JSON round trip: the fingerprint is compared with one read back from meta.json.
     fingerprint = json.loads(json.dumps(fingerprint))
-    model, named = task.model.to(runtime.device), task.trainable()
+    model, named = runtime.place(task.model), task.trainable()
     scaler = runtime.scaler()  # None unless fp16
     optimizer = torch.optim.AdamW(param_groups(model, named, spec.weight_decay), lr=spec.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)

@@ -12,16 +12,24 @@ batch of 256 took 70 against 114-120 ms, and its training step 268-281 against 3
 - `Linear`: an nn.Linear whose forward takes `linear` where it applies (`applies`) and F.linear
   elsewhere (other devices and dtypes, autocast, torch.fx tracing, torch.compile, TorchScript).
 - `use_onednn(model)`: every plain nn.Linear of a model becomes a `Linear` in place: the same
-  Parameter objects, the same state_dict keys, still an nn.Linear to isinstance.
+  Parameter objects, the same state_dict keys, still an nn.Linear to isinstance. Runtime.place
+  (linvit.device) calls it when `runtime.cpu_linear` is onednn, the default where `available`.
+- `matmul(a, b)`: the operators' own tall products (N tokens by a few features) through oneDNN
+  where that pays (see its docstring), used by the kernel core (linvit.attention.base),
+  performer and polarity whatever `runtime.cpu_linear` says, as the depthwise convolutions'
+  kernel choice is theirs (linvit.attention.depthwise).
+- `disabled()`: a context in which none of this goes through oneDNN (side-by-side checks).
 
 The values agree with MKL's to float rounding (tests/test_onednn.py: about 1e-6 relative), not
-bit for bit: a run's numbers move by rounding when it is switched (`runtime.cpu_linear`,
-linvit.device).
+bit for bit: a run's numbers move by rounding when it is switched.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import platform
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -71,10 +79,25 @@ class _Linear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
+_off = threading.local()  # `disabled()` sets .depth in this thread
+
+
+@contextlib.contextmanager
+def disabled():
+    """Within it, in this thread, nothing goes through oneDNN here: `Linear` and `matmul` take
+    F.linear and torch.matmul (for side-by-side checks and timings)."""
+    _off.depth = getattr(_off, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _off.depth -= 1
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether `linear` serves this call: CPU float32 tensors with rows, outside autocast, torch.fx
-    tracing, torch.compile and TorchScript (each of which needs F.linear itself)."""
-    if torch.fx._symbolic_trace.is_fx_symbolic_tracing() or torch.compiler.is_compiling():
+    tracing, torch.compile and TorchScript (each of which needs F.linear itself), and outside
+    `disabled()`."""
+    if getattr(_off, "depth", 0) or torch.fx._symbolic_trace.is_fx_symbolic_tracing() or torch.compiler.is_compiling():
         return False  # first: a traced x is a Proxy, whose attributes are not values
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and (bias is None or bias.dtype == torch.float32) and x.numel() > 0
@@ -87,6 +110,97 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                                     or (bias is not None and bias.requires_grad)):
         return _Linear.apply(x, weight, bias)
     return _product(x.contiguous(), weight.contiguous(), bias)
+
+
+MIN_ROWS = 256  # `matmul`'s per-matrix products go to oneDNN from this many rows...
+MAX_MATRICES = 64  # ...and up to this many matrices (one call each); else torch.matmul
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for a (..., M, K) and b either one (K, N) matrix or (..., K, N) with a's batch dims.
+    Through oneDNN where `applies` and the product is a tall one, as a linear attention's products
+    over features are (M = its tokens): a shared b is one call; per-matrix b's are one call each,
+    when there are few (<= MAX_MATRICES) of at least MIN_ROWS rows (at (8, 4096, 64) by
+    (8, 64, 34): 1.25 against 2.17 ms for torch.bmm through MKL). Elsewhere torch.matmul, as for
+    products that reduce over the tokens (a.T @ b), which gained nothing. With autograd when an
+    operand needs a gradient: a's through the same tall product, b's (a reduction) by torch."""
+    if not _tall(a, b):
+        return torch.matmul(a, b)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return _MatMul.apply(a, b)
+    return _tall_product(a, b)
+
+
+def _tall(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if not applies(a, b, None) or b.dtype != torch.float32 or a.dim() < 2:
+        return False
+    if b.dim() == 2:
+        return True
+    return (b.shape[:-2] == a.shape[:-2] and a.shape[-2] >= MIN_ROWS
+            and math.prod(a.shape[:-2]) <= MAX_MATRICES)
+
+
+def _tall_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if b.dim() == 2:
+        return _product(a.contiguous(), _dense(b).t(), None)
+    batch = a.shape[:-2]
+    count = math.prod(batch)
+    a3, b3 = a.reshape(count, *a.shape[-2:]), b.reshape(count, *b.shape[-2:])
+    out = a.new_empty(count, a.shape[-2], b.shape[-1])
+    for i in range(count):  # each b_i.T a view; a dense operand or the transpose of one, as _product needs
+        out[i] = _product(_dense(a3[i]), _dense(b3[i]).t(), None)
+    return out.reshape(*batch, *out.shape[-2:])
+
+
+class _MatMul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return _tall_product(a, b)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_a = _tall_product(grad, b.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
+        grad_b = None
+        if ctx.needs_input_grad[1]:
+            if b.dim() == 2:  # one matrix shared by every batch: the sum over all rows
+                grad_b = a.reshape(-1, a.shape[-1]).t() @ grad.reshape(-1, grad.shape[-1])
+            else:
+                grad_b = a.transpose(-1, -2) @ grad
+        return grad_a, grad_b
+
+
+def matmul_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a.T @ b over the last two dims of a (..., N, K) and b (..., N, M): a contraction over the N
+    tokens, by torch.matmul; with autograd whose two gradients, b @ g.T and a @ g, are tall
+    products (N rows) and go through `matmul` (at (8, 4096, 64) by (8, 4096, 33): the gradient
+    of a took 3.9 ms as autograd's bmm, about 1 ms this way)."""
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad) and _tall(a, b.transpose(-1, -2)):
+        return _MatMulT.apply(a, b)
+    return a.transpose(-1, -2) @ b
+
+
+class _MatMulT(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return a.transpose(-1, -2) @ b
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad_a = matmul(b, grad.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
+        grad_b = matmul(a, grad) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b
+
+
+def _dense(m: torch.Tensor) -> torch.Tensor:
+    """A 2D matrix as _product takes it: itself if dense or a dense one's transpose, else a copy."""
+    return m if m.is_contiguous() or m.t().is_contiguous() else m.contiguous()
 
 
 class Linear(nn.Linear):

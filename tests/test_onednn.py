@@ -1,6 +1,7 @@
 """linvit.onednn: linear layers through oneDNN agree with F.linear, forward and backward, and step
 aside wherever F.linear itself is needed; Runtime.place applies them as runtime.cpu_linear says."""
 
+import contextlib
 import copy
 
 import pytest
@@ -154,3 +155,72 @@ def test_runtime_place_follows_cpu_linear():
 def test_bad_cpu_linear_is_one_line_naming_the_key():
     with pytest.raises(ValueError, match=r"^config key runtime.cpu_linear: unknown value 'mkl'; known: auto, onednn, native$"):
         runtime({"runtime": {"cpu_linear": "mkl"}})
+
+
+@pytest.mark.parametrize("case", ["shared", "batched", "transposed b", "few rows", "many matrices"])
+def test_matmul_matches_torch_matmul_with_gradients(case):
+    """Values and both gradients as torch.matmul's, for the products oneDNN serves (a shared
+    matrix; few tall matrices, b a transposed view too) and those it leaves to torch."""
+    torch.manual_seed(0)
+    rows = {"few rows": onednn.MIN_ROWS - 1}.get(case, onednn.MIN_ROWS)
+    batch = (onednn.MAX_MATRICES + 1,) if case == "many matrices" else (2, 3)
+    a = torch.randn(*batch, rows, 12)
+    b = {"shared": torch.randn(12, 7), "transposed b": torch.randn(*batch, 7, 12).transpose(-1, -2)}.get(
+        case, torch.randn(*batch, 12, 7))
+    g = torch.randn(*batch, rows, 7)
+    results = []
+    for fn in (torch.matmul, onednn.matmul):
+        x, y = a.clone().requires_grad_(), b.detach().clone().requires_grad_()
+        out = fn(x, y)
+        out.backward(g)
+        results.append((out.detach(), x.grad, y.grad))
+    for name, got, want in zip(["value", "grad a", "grad b"], results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, msg=name)
+
+
+def test_matmul_without_gradients_and_disabled():
+    a, b = torch.randn(2, onednn.MIN_ROWS, 8), torch.randn(2, 8, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(onednn.matmul(a, b), a @ b, rtol=1e-5, atol=1e-5)
+    with onednn.disabled():
+        assert not onednn.applies(a, b, None)
+        assert torch.equal(onednn.matmul(a, b), a @ b)
+    assert onednn.applies(a, b, None)
+
+
+@pytest.mark.parametrize("variant", ["elu", "performer", "polarity", "cosformer", "mila"])
+def test_operators_through_onednn_match_them_without(variant):
+    """An operator module at 256 tokens (its tall products go to oneDNN) gives the output and the
+    gradients it gives with oneDNN disabled, to float rounding."""
+    from linvit.attention import ATTENTION
+
+    torch.manual_seed(0)
+    op = onednn.use_onednn(ATTENTION[variant](64, 4, qkv_bias=True, grid_size=(16, 16), num_prefix_tokens=0))
+    for p in op.parameters():  # away from the identity-like inits, so every path carries signal
+        p.data.add_(0.05 * torch.randn_like(p))
+    x = torch.randn(2, 256, 64)
+    results = []
+    for context in (onednn.disabled, contextlib.nullcontext):
+        with context():
+            leaf = x.clone().requires_grad_()
+            op.zero_grad()
+            out = op(leaf)
+            out.square().sum().backward()
+            results.append([out.detach(), leaf.grad] + [p.grad.clone() for p in op.parameters()])
+    for i, (got, want) in enumerate(zip(results[1], results[0])):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item() + 1e-6,
+                                   msg=f"tensor {i}")
+
+
+def test_matmul_t_matches_torch_with_gradients():
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 3, onednn.MIN_ROWS, 12), torch.randn(2, 3, onednn.MIN_ROWS, 7)
+    g = torch.randn(2, 3, 12, 7)
+    results = []
+    for fn in (lambda x, y: x.transpose(-1, -2) @ y, onednn.matmul_t):
+        x, y = a.clone().requires_grad_(), b.clone().requires_grad_()
+        out = fn(x, y)
+        out.backward(g)
+        results.append((out.detach(), x.grad, y.grad))
+    for name, got, want in zip(["value", "grad a", "grad b"], results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, msg=name)

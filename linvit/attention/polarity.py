@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..onednn import matmul, matmul_t
 from .base import ImplicitAttention, LinearAttention, register_attention
 from .depthwise import depthwise_conv2d
 
@@ -182,14 +183,14 @@ class PolarityAttention(LinearAttention):
         # phi(K)^T [V, 1]: the values and the key sum (normalizer) in one contraction, with the
         # mean's 1/n applied to the small matrix.
         va = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-        kva = (fk.transpose(-1, -2) @ va) / n  # (B, H, 2D, D + 1)
+        kva = matmul_t(fk, va) / n  # (B, H, 2D, D + 1): fk.T @ va, its gradients through oneDNN
         kv, k_mean = kva[..., :d], kva[..., d]
         # Same-signed pairs mix the first half of v, opposite-signed pairs (phi_opp(q) = swapped
         # phi(q), i.e. swapped rows of kv) the second; the normalizers are two more columns: one
         # contraction of phi(Q) gives numerators and normalizers.
         mat = torch.cat([kv[..., :half], self._swap(kv[..., half:], dim=-2),
                          k_mean.unsqueeze(-1), self._swap(k_mean, dim=-1).unsqueeze(-1)], dim=-1)
-        num, den = (fq @ mat).split([d, 2], dim=-1)  # (B, H, N, D), (B, H, N, 2)
+        num, den = matmul(fq, mat).split([d, 2], dim=-1)  # (B, H, N, D), (B, H, N, 2); tall: oneDNN
         inv_den = 1.0 / (den + self._eps(log_factor))
         num = num.unflatten(-1, (2, half))
         inv_den = inv_den.unsqueeze(-1)

@@ -224,3 +224,47 @@ def test_matmul_t_matches_torch_with_gradients():
         results.append((out.detach(), x.grad, y.grad))
     for name, got, want in zip(["value", "grad a", "grad b"], results[1], results[0]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, msg=name)
+
+
+def test_mlp_fuses_gelu_in_evaluation_only_and_matches_timm():
+    from timm.layers import Mlp as TimmMlp
+
+    torch.manual_seed(0)
+    plain = TimmMlp(16, 64)
+    fused = onednn.use_onednn(copy.deepcopy(plain))
+    assert type(fused) is onednn.Mlp and isinstance(fused, TimmMlp)
+    x = torch.randn(3, 50, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-6)
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def __call__(self, *args):
+            calls.append(args[3])
+            return real(*args)
+
+    old = torch.ops.mkldnn._linear_pointwise
+    try:
+        torch.ops.mkldnn._linear_pointwise = Spy()
+        with torch.no_grad():
+            fused(x)
+        assert calls == ["gelu", "none"]  # fc1 with its GELU, then fc2
+        calls.clear()
+        leaf = x.clone().requires_grad_()
+        fused(leaf).sum().backward()  # training: fc1, timm's GELU, fc2, each with its gradient
+        assert "gelu" not in calls and leaf.grad is not None
+    finally:
+        torch.ops.mkldnn._linear_pointwise = old
+
+
+def test_mlp_with_another_activation_is_not_fused():
+    from timm.layers import Mlp as TimmMlp
+
+    m = onednn.use_onednn(TimmMlp(8, 16, act_layer=lambda: nn.GELU(approximate="tanh")))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), TimmMlp.forward(m, x))

@@ -157,6 +157,18 @@ def test_bad_cpu_linear_is_one_line_naming_the_key():
         runtime({"runtime": {"cpu_linear": "mkl"}})
 
 
+def _same_products(ours, reference, a, b, g):
+    """ours(a, b) and reference(a, b) agree in value and in both gradients for output gradient g."""
+    results = []
+    for fn in (reference, ours):
+        x, y = a.clone().requires_grad_(), b.detach().clone().requires_grad_()
+        out = fn(x, y)
+        out.backward(g)
+        results.append((out.detach(), x.grad, y.grad))
+    for name, got, want in zip(["value", "grad a", "grad b"], results[1], results[0]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize("case", ["shared", "batched", "transposed b", "few rows", "many matrices"])
 def test_matmul_matches_torch_matmul_with_gradients(case):
     """Values and both gradients as torch.matmul's, for the products oneDNN serves (a shared
@@ -168,14 +180,7 @@ def test_matmul_matches_torch_matmul_with_gradients(case):
     b = {"shared": torch.randn(12, 7), "transposed b": torch.randn(*batch, 7, 12).transpose(-1, -2)}.get(
         case, torch.randn(*batch, 12, 7))
     g = torch.randn(*batch, rows, 7)
-    results = []
-    for fn in (torch.matmul, onednn.matmul):
-        x, y = a.clone().requires_grad_(), b.detach().clone().requires_grad_()
-        out = fn(x, y)
-        out.backward(g)
-        results.append((out.detach(), x.grad, y.grad))
-    for name, got, want in zip(["value", "grad a", "grad b"], results[1], results[0]):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, msg=name)
+    _same_products(onednn.matmul, torch.matmul, a, b, g)
 
 
 def test_matmul_without_gradients_and_disabled():
@@ -216,14 +221,7 @@ def test_matmul_t_matches_torch_with_gradients():
     torch.manual_seed(0)
     a, b = torch.randn(2, 3, onednn.MIN_ROWS, 12), torch.randn(2, 3, onednn.MIN_ROWS, 7)
     g = torch.randn(2, 3, 12, 7)
-    results = []
-    for fn in (lambda x, y: x.transpose(-1, -2) @ y, onednn.matmul_t):
-        x, y = a.clone().requires_grad_(), b.clone().requires_grad_()
-        out = fn(x, y)
-        out.backward(g)
-        results.append((out.detach(), x.grad, y.grad))
-    for name, got, want in zip(["value", "grad a", "grad b"], results[1], results[0]):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4, msg=name)
+    _same_products(onednn.matmul_t, lambda x, y: x.transpose(-1, -2) @ y, a, b, g)
 
 
 def test_mlp_fuses_gelu_in_evaluation_only_and_matches_timm():

@@ -77,7 +77,8 @@ class Runtime:
 
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
         """`model` on the device (in place, as nn.Module.to); on the CPU with cpu_linear onednn, its
-        nn.Linear layers compute through oneDNN from then on (linvit.onednn.use_onednn)."""
+        nn.Linear layers (and timm Mlps in evaluation) compute through oneDNN from then on
+        (linvit.onednn.use_onednn)."""
         model = model.to(self.device)
         if self.device.type == "cpu" and self.cpu_linear == "onednn":
             from .onednn import use_onednn

@@ -44,11 +44,13 @@ def available() -> bool:
             and platform.machine().lower() in ("x86_64", "amd64"))
 
 
-def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias in oneDNN, x of any leading shape. Each operand dense or the transpose of
-    a dense matrix: oneDNN runs other strides (an expanded gradient's zeros, say) in a reference
-    kernel, about 100 times slower here."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [None], "")
+def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post: str = "none",
+             algorithm: str = "") -> torch.Tensor:
+    """x @ weight.T + bias in oneDNN, x of any leading shape, then the elementwise `post` op
+    ("gelu" with algorithm "none" is exact GELU). Each operand dense or the transpose of a dense
+    matrix: oneDNN runs other strides (an expanded gradient's zeros, say) in a reference kernel,
+    about 100 times slower here."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, post, [None], algorithm)
 
 
 class _Linear(torch.autograd.Function):
@@ -99,7 +101,8 @@ def applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     """Whether `linear` serves this call: CPU float32 tensors with rows, outside autocast, torch.fx
     tracing, torch.compile and TorchScript (each of which needs F.linear itself), and outside
     `disabled()`."""
-    if getattr(_off, "depth", 0) or torch.fx._symbolic_trace.is_fx_symbolic_tracing() or torch.compiler.is_compiling():
+    if (getattr(_off, "depth", 0) or torch.fx._symbolic_trace.is_fx_symbolic_tracing()
+            or torch.compiler.is_compiling()):
         return False  # first: a traced x is a Proxy, whose attributes are not values
     return (x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and (bias is None or bias.dtype == torch.float32) and x.numel() > 0
@@ -134,7 +137,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _tall(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if not applies(a, b, None) or b.dtype != torch.float32 or a.dim() < 2:
+    if not applies(a, b, None) or a.dim() < 2:
         return False
     if b.dim() == 2:
         return True
@@ -238,8 +241,7 @@ class Mlp(TimmMlp):
         if (not torch.is_grad_enabled() and type(self.act) is nn.GELU and self.act.approximate == "none"
                 and isinstance(self.norm, nn.Identity) and not (self.training and self.drop1.p > 0)
                 and isinstance(fc1, nn.Linear) and applies(x, fc1.weight, fc1.bias)):
-            hidden = torch.ops.mkldnn._linear_pointwise(x.contiguous(), fc1.weight.contiguous(), fc1.bias,
-                                                        "gelu", [None], "none")
+            hidden = _product(x.contiguous(), fc1.weight.contiguous(), fc1.bias, "gelu", "none")
             return self.drop2(self.fc2(hidden))
         return super().forward(x)
 

@@ -174,7 +174,8 @@ def _fingerprint(config: dict, keys: list[str], seed: int, job: dict, files: dic
     The config keys the step reads (absent optional keys stay absent), the job's names, the seed,
     the code version, the sha256 of each input file (data manifest, teacher weights, distilled
     attention) and the resolved precision, compile backend and CPU linear kernels: a change in
-    any of them makes an old checkpoint unusable. The device is not in it: a checkpoint resumes on another device.
+    any of them makes an old checkpoint unusable. The device is not in it: a checkpoint resumes
+    on another device.
     """
     found = {}
     for key in keys:

@@ -142,8 +142,8 @@ def _start(out_dir, runtime: Runtime) -> Path:
 
 def _data(shards_dir, runtime: Runtime, spec: dict, arch: dict | None) -> ShardSet:
     """The shards, read as the runtime wants through the input pipeline of this dataset (config
-    entry `spec`) and teacher (`arch`; see linvit.inputs): decoded ahead in a background thread
-    (on a GPU into pinned memory), so a training step does not wait for its batch. On the CPU a
+    entry `spec`) and teacher (`arch`; see linvit.inputs): decoded ahead in a forked process (on a
+    GPU into pinned memory), so a training step does not wait for its batch. On the CPU a
     pipeline's batches are transformed in the loop: ahead, they would need a worker process per
     iterator (see linvit.data.loader), whose start costs more than it saves on a small job."""
     info = read_manifest(Path(shards_dir) / MANIFEST)

@@ -398,21 +398,22 @@ def test_ranks_split_each_global_batch_into_equal_shares(synth_dir):
 
 
 def test_prefetch_gives_the_same_batches_stops_early_and_raises_in_order(synth_dir, tmp_path):
+    import multiprocessing
     import shutil
-    import threading
 
     plain = _all(ShardSet(synth_dir).batches("train", 32, seed=1, shuffle=True))
     ahead = ShardSet(synth_dir, workers=2, prefetch=2)
-    assert _same(plain, _all(ahead.batches("train", 32, seed=1, shuffle=True)))
-    # A consumer that stops after one batch (an epoch's last step) stops the background thread.
+    got = _all(ahead.batches("train", 32, seed=1, shuffle=True))
+    assert _same(plain, got)
+    x, _ = got[0]
+    x.add_(1.0)  # the batches are the consumer's own, writable tensors
+    # A consumer that stops after one batch (an epoch's last step) ends the loader process.
     batches = ahead.batches("train", 32, seed=1, shuffle=True)
     next(batches)
+    assert [p.name for p in multiprocessing.active_children()] == ["linvit-loader"]
     batches.close()
-    for t in threading.enumerate():
-        if t.name == "linvit-prefetch":
-            t.join(timeout=5)
-            assert not t.is_alive()
-    # An error in the background thread reaches the consumer after the batches before it.
+    assert multiprocessing.active_children() == []
+    # An error in the loader process reaches the consumer after the batches before it.
     broken = tmp_path / "broken"
     shutil.copytree(synth_dir, broken)
     shard = broken / "train-0001.tar"
@@ -423,6 +424,50 @@ def test_prefetch_gives_the_same_batches_stops_early_and_raises_in_order(synth_d
         for batch in ShardSet(broken, verify=False, prefetch=2, cache_bytes=0).batches("train", 10):
             got.append(batch)
     assert _same(got, _all(ShardSet(synth_dir).batches("train", 10))[:len(got)]) and got
+
+
+def test_a_loader_process_killed_is_an_error_naming_the_shards(synth_dir):
+    import multiprocessing
+    import os
+    import signal
+
+    batches = ShardSet(synth_dir, prefetch=1).batches("train", 8, seed=0, shuffle=True)
+    next(batches)
+    (child,) = multiprocessing.active_children()
+    os.kill(child.pid, signal.SIGKILL)  # as the kernel's OOM killer would
+    with pytest.raises(DataError, match=f"{synth_dir}: the loader process ended without a word .exit code -9"):
+        for _ in batches:  # the batches already sent, then the error
+            pass
+
+
+def test_a_loader_process_ends_when_its_parent_is_killed(synth_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import multiprocessing, os, sys\n"
+        "from linvit.data import ShardSet\n"
+        f"batches = ShardSet({str(synth_dir)!r}, prefetch=1).batches('train', 2, seed=0, shuffle=True)\n"
+        "next(batches)\n"
+        "print(multiprocessing.active_children()[0].pid, flush=True)\n"
+        "os.kill(os.getpid(), 9)\n")
+    log = tmp_path / "pid"
+    with log.open("w") as f:  # a file, not a pipe: a child left behind would hold a pipe open
+        subprocess.run([sys.executable, str(script)], stdout=f, timeout=120)
+    pid = int(log.read_text().split()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return  # gone (reaped by init)
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return  # exited, waiting to be reaped
+        time.sleep(0.1)
+    pytest.fail(f"the loader process {pid} outlived its killed parent by 30 s")
 
 
 def test_unshuffled_batches_are_decoded_once_and_equal_the_stream(synth_dir, tmp_path):

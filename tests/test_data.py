@@ -470,13 +470,12 @@ def test_a_loader_process_ends_when_its_parent_is_killed(synth_dir, tmp_path):
     pytest.fail(f"the loader process {pid} outlived its killed parent by 30 s")
 
 
-@pytest.mark.parametrize("prefetch", [0, 2])  # 2: the cache filled by a forked process
-def test_unshuffled_batches_are_decoded_once_and_equal_the_stream(synth_dir, tmp_path, prefetch):
+def test_unshuffled_batches_are_decoded_once_and_equal_the_stream(synth_dir, tmp_path):
     import shutil
 
     d = tmp_path / "d"
     shutil.copytree(synth_dir, d)
-    cached, streamed = ShardSet(d, prefetch=prefetch), ShardSet(d, cache_bytes=0)
+    cached, streamed = ShardSet(d), ShardSet(d, cache_bytes=0)
     n = cached.num_samples("test")
     requests = [dict(batch_size=7, limit=5), dict(batch_size=10), dict(batch_size=9, limit=20, skip_batches=1),
                 dict(batch_size=6, drop_last=True), dict(batch_size=n + 5)]

@@ -74,7 +74,6 @@ _PIL_FORMATS = {"png": ["PNG"], "jpg": ["JPEG"], "jpeg": ["JPEG"], "webp": ["WEB
                 "tif": ["TIFF"], "bmp": ["BMP"], "gif": ["GIF"]}
 CACHE_BYTES = 1 << 30  # the default size limit of a split's decoded tensors kept in memory (ShardSet._cached)
 CACHE_CHUNK = 256  # samples decoded at a time into that cache
-CACHE_AHEAD = 8  # chunks a forked loader decodes ahead of the one being cached (with prefetch)
 LOOKAHEAD = 2  # batches handed to worker processes ahead of the one being consumed
 # A shuffled iterator's first batch waits for this many samples read: a full 10,000-sample buffer
 # took 120 ms in Python (1.4% of a 200-step CPU job's training) before every epoch, and a 1-step job
@@ -166,15 +165,10 @@ class ShardSet:
         request = dict(split=split, batch_size=batch_size, seed=seed, epoch=epoch, shuffle=shuffle,
                        drop_last=drop_last, limit=limit, skip_batches=skip_batches, rank=rank, ranks=ranks,
                        augment=augment)
-        if self._forks():
+        if self.prefetch > 0 and self.pipeline is None and _FORK is not None:
             return _forked(self, request, self.prefetch)
         batches = self._stream(**request)
         return _prefetched(batches, self.prefetch) if self.prefetch > 0 else batches
-
-    def _forks(self) -> bool:
-        """Whether reading ahead is done by a forked process (see `_forked`): with `prefetch`, no
-        pipeline (whose transforms have their own worker processes) and a platform that forks."""
-        return self.prefetch > 0 and self.pipeline is None and _FORK is not None
 
     def _stream(self, split: str, batch_size: int, *, seed: int, epoch: int, shuffle: bool, drop_last: bool,
                 limit: int | None, skip_batches: int, rank: int, ranks: int, augment: bool, stored: bool = False,
@@ -227,9 +221,8 @@ class ShardSet:
                 skip_batches: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Unshuffled, unaugmented batches (evaluation, probe batches) from `split`'s decoded tensors,
         kept in this process: the test split is decoded once, not at every evaluation. Decoding goes
-        only as far as a request reaches (a probe batch decodes its images, not the split; with
-        `prefetch`, a forked process decodes up to CACHE_AHEAD chunks beyond it while the caller
-        works); the batches are the same tensors, batch for batch, as decoding them would give."""
+        only as far as a request reaches (a probe batch decodes its images, not the split); the
+        batches are the same tensors, batch for batch, as decoding them would give."""
         n = self.num_samples(split)
         start, stop = min(skip_batches * batch_size, n), n if limit is None else min(limit, n)
         cache = self._decoded.get(split)
@@ -245,11 +238,9 @@ class ShardSet:
                     return
                 while cache["count"] < b:  # decode on from where the cache ends, CACHE_CHUNK samples at a time
                     if stream is None:
-                        request = dict(split=split, batch_size=CACHE_CHUNK, seed=0, epoch=0, shuffle=False,
-                                       drop_last=False, limit=None, skip_batches=cache["count"] // CACHE_CHUNK,
-                                       rank=0, ranks=1, augment=False)
-                        # Forked: the split decodes on another core while this one evaluates.
-                        stream = _forked(self, request, CACHE_AHEAD) if self._forks() else self._stream(**request)
+                        stream = self._stream(split, CACHE_CHUNK, seed=0, epoch=0, shuffle=False, drop_last=False,
+                                              limit=None, skip_batches=cache["count"] // CACHE_CHUNK, rank=0,
+                                              ranks=1, augment=False)
                     x, y = next(stream)
                     c = cache["count"]
                     cache["x"][c:c + len(y)], cache["y"][c:c + len(y)] = x, y

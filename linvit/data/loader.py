@@ -479,6 +479,7 @@ def _forked(shards: ShardSet, request: dict, depth: int) -> Iterator[tuple[torch
     spawn would import torch again, seconds per job). It uses none of the parent's threads, locks
     or devices: torch at one thread, no CUDA, no pinning (pinned memory belongs to a process: the
     batches are normalized and pinned here)."""
+    _torchvision_png()  # imported here, once, not in every child (torchvision.io imports in seconds)
     here, there = _FORK.Pipe(duplex=False)
     child = _FORK.Process(target=_produce, args=(shards, request, depth, here, there), daemon=True,
                           name="linvit-loader")

@@ -42,7 +42,6 @@ import hashlib
 import io
 import json
 import multiprocessing
-import os
 import pickle
 import queue
 import random
@@ -469,6 +468,8 @@ def _in_processes(src: Iterator[list[dict]], *, transformer: _Transformer, augme
 
 # fork where the platform has it: a child that starts in milliseconds with the modules imported.
 _FORK = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+
+
 def _forked(shards: ShardSet, request: dict, depth: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """`shards._stream(**request)` run in a child process forked for this iterator, up to `depth`
     batches ahead; an error there is raised here, in order, and the child ends with the iterator.
@@ -507,37 +508,30 @@ def _forked(shards: ShardSet, request: dict, depth: int) -> Iterator[tuple[torch
 
 def _produce(shards: ShardSet, request: dict, depth: int, theirs, conn) -> None:
     """The forked child's work (see `_forked`): batches of stored images and labels (numpy: plain
-    pickles, a quarter of the float batch's bytes; the parent normalizes), then "end" or the error;
-    a thread sends them, so that `depth` wait while the next is decoded. When the parent is gone
-    (the pipe broken) the child ends."""
+    pickles, a quarter of the float batch's bytes; the parent normalizes), then "end" or the error.
+    `_prefetched` decodes `depth` ahead while this thread sends; when the parent is gone (the pipe
+    broken) the child ends."""
     theirs.close()  # the parent's end: with it closed here, a parent gone breaks the pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends this child
     torch.set_num_threads(1)  # never an OpenMP team inherited across the fork
-    outbox: queue.Queue = queue.Queue(depth)
-
-    def send():
-        while True:
-            message = outbox.get()
-            try:
-                conn.send(message)
-            except OSError:  # the parent has gone: nobody to decode for
-                os._exit(0)
-            if message[0] != "batch":
-                return
-
-    sender = threading.Thread(target=send, daemon=True)
-    sender.start()
-    try:
-        for batch in shards._stream(**request, stored=True):
-            outbox.put(("batch", batch))
-        outbox.put(("end", None))
-    except BaseException as err:  # noqa: BLE001 - raised again in the parent
+    batches = _prefetched(shards._stream(**request, stored=True), depth)
+    while True:
         try:
-            pickle.dumps(err)
-        except Exception:  # an error that does not pickle arrives as its one line
-            err = DataError(_one_line(err))
-        outbox.put(("error", err))
-    sender.join()
+            message = ("batch", next(batches))
+        except StopIteration:
+            message = ("end", None)
+        except BaseException as err:  # noqa: BLE001 - raised again in the parent
+            try:
+                pickle.dumps(err)
+            except Exception:  # an error that does not pickle arrives as its one line
+                err = DataError(_one_line(err))
+            message = ("error", err)
+        try:
+            conn.send(message)
+        except OSError:  # the parent has gone: nobody to decode for
+            return
+        if message[0] != "batch":
+            return
 
 
 class _Raised:

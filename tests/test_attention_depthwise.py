@@ -1,5 +1,5 @@
-"""linvit.attention.depthwise: the depthwise convolution with the folded weight gradient gives
-PyTorch's convolution's output and gradients, in both memory layouts the operators use."""
+"""linvit.attention.depthwise: the depthwise convolution gives PyTorch's convolution's output and
+gradients in both memory layouts (NCHW takes the folded weight gradient, channels-last oneDNN's)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,13 @@ def test_other_kernels_and_paddings_are_pytorchs_own_convolution(kernel, padding
     torch.testing.assert_close(out, F.conv2d(x, w, None, padding=padding, groups=4))
 
 
-def test_the_folded_gradient_is_used_for_a_5x5_kernel_on_the_cpu():
+def test_the_folded_gradient_is_used_for_a_5x5_kernel_on_an_nchw_input_on_the_cpu():
     out = depthwise_conv2d(torch.randn(1, 4, 8, 8), torch.randn(4, 1, 5, 5, requires_grad=True), None, 2)
     assert "DepthwiseConv" in type(out.grad_fn).__name__
+
+
+def test_channels_last_inputs_keep_onednns_own_weight_gradient():
+    # From channels-last memory (the operators' layout) oneDNN's weight gradient is the faster one.
+    x = torch.randn(1, 4, 8, 8).contiguous(memory_format=torch.channels_last)
+    out = depthwise_conv2d(x, torch.randn(4, 1, 5, 5, requires_grad=True), None, 2)
+    assert out.grad_fn is not None and "DepthwiseConv" not in type(out.grad_fn).__name__

@@ -3,19 +3,24 @@
 The operators' position terms (FLatten's and PolaFormer's DWC, RALA's LePE) are depthwise 5x5
 convolutions over the patch grid. oneDNN, which runs PyTorch's CPU convolutions, is quick for
 their forward pass and input gradient, but slow for a 5x5 kernel's weight gradient: measured on
-this project's CPU (one thread), 10.1 ms for (2, 128, 64, 64) against 0.4 ms for the forward
+this project's CPU (one thread, NCHW input), 10.1 ms for (2, 128, 64, 64) against 0.4 ms for the forward
 pass, and 7.7 ms for (8, 32, 64, 64). That gradient,
 
     dW[c, i, j] = sum_{b, y, x} x_pad[b, c, y + i, x + j] * g[b, c, y, x],
 
 is itself a depthwise convolution: each (image, channel) plane of the padded input convolved
 with its own output gradient as a (H, W) kernel, the (image, channel) pairs as the groups, then
-summed over images. That took 2.8 ms and 3.2 ms for the shapes above (7.4 and 5.0 ms when the
-input arrives channels-last and is made contiguous first), and was faster at every grid tried
-from 7x7 to 64x64 with up to 384 channels, except with 8 images of 384 channels at 64x64 from
-channels-last (225 against 127 ms). For 3x3 kernels oneDNN's own weight gradient was faster
-everywhere (0.35 against 1.2 ms at (2, 128, 64, 64)), so they, and every other device, keep
-PyTorch's convolution as it is. Same values up to float rounding (a different summation order).
+summed over images. That took 2.8 ms and 3.2 ms for the shapes above when the input is NCHW
+(contiguous). oneDNN's own weight gradient depends on the layout: from channels-last memory (the
+layout every operator here hands in, as it is the qkv projection's token-major one) it is the
+faster of the two. Measured on that CPU (median of 5 paired rounds of 15 calls, 5x5 kernels),
+folded over oneDNN's own: NCHW (2, 128, 64, 64) 0.14 on one thread and two (4.5 against 31 ms);
+channels-last (8, 32, 64, 64) 1.18 on one thread and 1.43 on two, (2, 128, 64, 64) 1.08 and
+1.08-1.2, (256, 16, 7, 7) 1.11 and 0.88, (64, 64, 24..64 side) 1.2-1.6 (the folded path must
+first copy channels-last planes to NCHW). So the folded gradient serves NCHW inputs only. For
+3x3 kernels oneDNN's own weight gradient was faster everywhere (0.35 against 1.2 ms at
+(2, 128, 64, 64)), so they, and every other device, keep PyTorch's convolution as it is. Same
+values up to float rounding (a different summation order).
 """
 
 from __future__ import annotations
@@ -23,19 +28,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Kernels at least this wide take the folded weight gradient (see the module docstring).
+# Kernels at least this wide, on NCHW-contiguous inputs, take the folded weight gradient (see the
+# module docstring).
 FOLDED_FROM = 5
 
 
 def depthwise_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                      padding: int | tuple[int, int]) -> torch.Tensor:
     """F.conv2d(x, weight, bias, padding=padding, groups=channels) for x (B, C, H, W) and weight
-    (C, 1, kh, kw), stride 1; on the CPU, with an odd kernel of 5 or more a side padded to keep the
-    input's size and a weight that needs its gradient, the weight gradient is computed folded."""
+    (C, 1, kh, kw), stride 1; on the CPU, for an NCHW-contiguous x, with an odd kernel of 5 or more
+    a side padded to keep the input's size and a weight that needs its gradient, the weight
+    gradient is computed folded (channels-last inputs keep oneDNN's own, faster for them)."""
     pad = (padding, padding) if isinstance(padding, int) else tuple(padding)
     kh, kw = weight.shape[-2:]
     same_size = (kh, kw) == (2 * pad[0] + 1, 2 * pad[1] + 1)
-    if x.device.type != "cpu" or min(kh, kw) < FOLDED_FROM or not same_size or not (
+    if x.device.type != "cpu" or not x.is_contiguous() or min(kh, kw) < FOLDED_FROM or not same_size or not (
             torch.is_grad_enabled() and weight.requires_grad):
         return F.conv2d(x, weight, bias, padding=padding, groups=x.shape[1])
     return _DepthwiseConv.apply(x, weight, bias, pad)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -50,16 +49,12 @@ def _slug(text: str) -> str:
 
 
 def machine_slug() -> str:
-    """A filesystem-safe name of this machine: CPU model and core count, plus the GPU's name."""
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1]
-                break
-    except OSError:
-        pass
-    parts = [_slug(model) or "cpu", f"{os.cpu_count()}cores"]
+    """A filesystem-safe name of this machine: CPU model, the vector instruction set torch's
+    kernels use (machines named alike can differ there, and in speed by 2.5x), core count, plus
+    the GPU's name."""
+    from .report.provenance import cpu_kernels, cpu_model
+
+    parts = [_slug(cpu_model()) or "cpu", _slug(cpu_kernels()), f"{os.cpu_count()}cores"]
     try:
         import torch
 
@@ -67,7 +62,7 @@ def machine_slug() -> str:
             parts.append(_slug(torch.cuda.get_device_name(0)))
     except Exception:  # noqa: BLE001 - no usable CUDA: a CPU machine
         pass
-    return "-".join(parts)
+    return "-".join(p for p in parts if p)
 
 
 def row(benchmark: str, metric: str, value: float, unit: str, target: str = "", meets: bool | None = None) -> dict:

@@ -15,10 +15,12 @@ def _rows(path):
     return pd.read_csv(path, keep_default_na=False)
 
 
-def test_machine_slug_is_a_safe_file_name_with_the_core_count():
+def test_machine_slug_is_a_safe_file_name_with_the_vector_kernels_and_the_core_count():
+    import torch
+
     slug = bench.machine_slug()
     assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", slug)
-    assert f"-{os.cpu_count()}cores" in slug
+    assert f"-{torch.backends.cpu.get_cpu_capability().lower()}-{os.cpu_count()}cores" in slug
 
 
 def test_save_replaces_a_benchmarks_rows_and_keeps_the_others(tmp_path):

@@ -196,7 +196,12 @@ def test_provenance_fields_and_compute_counts_each_distillation_once(tmp_path):
                                  "distill seconds": 5.0, "total seconds": 16.0}
     assert set(record["versions"]) == {"python", *provenance.PACKAGES}
     assert record["machine"]["run devices"] == "cpu" and int(record["machine"]["cores"]) >= 1
+    import torch
+
+    kernels = torch.backends.cpu.get_cpu_capability()
+    assert record["machine"]["cpu kernels"] == kernels
     text = provenance.markdown(record)
+    assert f"({kernels} kernels)" in text
     assert "Total compute: 16.0 s" in text and "jobs: 4" in text and "seeds:\n- 0\n" in text
 
 

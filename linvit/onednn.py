@@ -7,8 +7,9 @@ ships (Inductor calls it for CPU linears, as `torch.ops.mkldnn._linear_pointwise
 135-200 GFLOP/s on the same products. Measured on that machine, one thread: a micro ViT's eval
 batch of 256 took 70 against 114-120 ms, and its training step 268-281 against 322-363 ms.
 
-- `linear(x, weight, bias)`: F.linear's value with forward and both gradients through oneDNN, for
-  CPU float32 tensors (one autograd Function; first-order gradients only).
+- `linear(x, weight, bias)`: F.linear's value with forward and input gradient through oneDNN, for
+  CPU float32 tensors, and the weight gradient by torch.mm (`weight_grad`) (one autograd
+  Function; first-order gradients only).
 - `Linear`: an nn.Linear whose forward takes `linear` where it applies (`applies`) and F.linear
   elsewhere (other devices and dtypes, autocast, torch.fx tracing, torch.compile, TorchScript).
 - `use_onednn(model)`: every plain nn.Linear of a model becomes a `Linear` in place: the same

@@ -133,7 +133,7 @@ def markdown(record: dict) -> str:
         "- Git revision: `" + g["revision"] + "`" + {"yes": " (working tree had uncommitted changes)",
                                                       "no": " (clean working tree)"}.get(g["dirty"], " (dirty: unknown)"),
         "- Versions: " + ", ".join(f"{name} {version}" for name, version in v.items()),
-        f"- Machine writing this report: {m['cpu']} ({m.get('cpu kernels', UNKNOWN)} kernels), {m['cores']} cores, GPU: {m['gpu']} ({m['platform']}); "
+        f"- Machine writing this report: {m['cpu']} ({m['cpu kernels']} kernels), {m['cores']} cores, GPU: {m['gpu']} ({m['platform']}); "
         f"devices the runs were measured on: {m['run devices']}",
         f"- Total compute: {c['total seconds']:.1f} s ({hours:.2f} h) = training {c['train seconds']:.1f} s over "
         f"{c['training runs']} runs + distillation {c['distill seconds']:.1f} s over {c['distillations']} "

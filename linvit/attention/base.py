@@ -194,6 +194,12 @@ class _KernelCore(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fq, fk, v, eps, fq_num, fk_num, clamp):
         rotary = fq_num is not None
+        # Each head's (N, F) block in one piece, once: operators that keep the projection's
+        # token-major layout (views) would otherwise be copied by every product below and in the
+        # backward pass (`focused`: 9 such copies of (B, H, N, D) in a module step).
+        fq, fk, v = fq.contiguous(), fk.contiguous(), v.contiguous()
+        if rotary:
+            fq_num, fk_num = fq_num.contiguous(), fk_num.contiguous()
         a, b = (fq_num, fk_num) if rotary else (fq, fk)
         n = fk.shape[-2]
         kmean = fk.mean(dim=-2, keepdim=True)  # (B, H, 1, F)
@@ -211,7 +217,8 @@ class _KernelCore(torch.autograd.Function):
     def backward(ctx, grad):
         fq, v, kv, kmean, den, out, a, b = ctx.saved_tensors
         n = ctx.n
-        g_num = grad / den  # (B, H, N, D)
+        # contiguous, whatever the layout of the gradient handed in (a view's, after merge_heads)
+        g_num = torch.div(grad, den, out=torch.empty_like(out))  # (B, H, N, D)
         g_den = (g_num * out).sum(dim=-1, keepdim=True).neg_()  # (B, H, N, 1)
         if ctx.floor is not None:  # no gradient where the clamp held the normalizer at its floor
             g_den.mul_(den > ctx.floor)

@@ -148,6 +148,18 @@ def make_optimizer(model: nn.Module, named, spec: "TrainSpec") -> torch.optim.Ad
     return torch.optim.AdamW(groups, lr=spec.lr, fused=fused or None)
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """optimizer.load_state_dict(state), keeping this optimizer's own kernel (`fused`, `foreach`):
+    load_state_dict takes every group setting from the checkpoint, so a checkpoint written by the
+    foreach form (before make_optimizer fused AdamW) would leave a fused optimizer running the
+    foreach kernel, which refuses the grad_scale that GradScaler hands a fused one (fp16 runs)."""
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        for key in ("fused", "foreach"):
+            if key in optimizer.defaults:
+                group[key] = optimizer.defaults[key]
+
+
 def _one_line(err: BaseException, limit: int = 160) -> str:
     text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     return text if len(text) <= limit else text[:limit] + "..."
@@ -369,7 +381,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     if resumed is not None:
         weights, state, meta = resumed
         try:
-            optimizer.load_state_dict(state["optimizer"])  # checks before it changes anything
+            load_optimizer_state(optimizer, state["optimizer"])  # checks before it changes anything
         except (ValueError, KeyError, TypeError) as err:
             print(f"{desc}: checkpoint file {ckpts.latest() / 'state.pt'} does not fit the optimizer "
                   f"({_one_line(err)}); starting afresh", file=sys.stderr)

@@ -382,6 +382,28 @@ def test_the_optimizer_is_fused_on_the_cpu_and_takes_the_foreach_step():
     assert [n for n, a in models[0].named_parameters() if torch.equal(a, start[n])] == []  # every one moved
 
 
+def test_a_foreach_checkpoint_resumes_into_the_fused_optimizer_under_a_grad_scaler():
+    """A checkpoint's optimizer state written by the foreach form (before make_optimizer fused
+    AdamW) loads with the fused kernel kept, so an fp16 run's GradScaler can still step it."""
+    model = VisionTransformer(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)
+    named = list(model.named_parameters())
+    spec = train_mod.TrainSpec(steps=2, batch_size=4, lr=1e-3)
+    x = torch.randn(4, 3, 16, 16)
+    old = torch.optim.AdamW(train_mod.param_groups(model, named, 0.05), lr=1e-3, foreach=True)
+    model(x).sum().backward()
+    old.step()
+    fused = train_mod.make_optimizer(model, named, spec)
+    train_mod.load_optimizer_state(fused, old.state_dict())
+    assert [g["fused"] for g in fused.param_groups] == [True, True]
+    assert fused.state[model.head.weight]["step"].item() == 1  # the moments came along
+    scaler = torch.amp.GradScaler("cpu")
+    fused.zero_grad()
+    scaler.scale(model(x).sum()).backward()
+    scaler.step(fused)  # the foreach kernel would refuse the scaler's grad_scale here
+    scaler.update()
+    assert fused.state[model.head.weight]["step"].item() == 2
+
+
 def test_distillation_probe_size_comes_from_the_config(shards, tmp_path):
     cfg = config(steps=2)
     steps.run_teacher(cfg, "micro", 0, shards, tmp_path / "teacher")

@@ -15,11 +15,13 @@ batch of 256 took 70 against 114-120 ms, and its training step 268-281 against 3
 - `use_onednn(model)`: every plain nn.Linear of a model becomes a `Linear` in place: the same
   Parameter objects, the same state_dict keys, still an nn.Linear to isinstance; and every plain
   timm Mlp an `Mlp`, which in evaluation computes fc1 and its GELU as one oneDNN call. Runtime.place
-  (linvit.device) calls it when `runtime.cpu_linear` is onednn, the default where `available`.
+  (linvit.device) calls it when `runtime.cpu_linear` is onednn, the default where `pays`.
+- `pays()`: whether oneDNN beats torch's own kernels on this CPU (by its vendor: not on Intel's,
+  where MKL uses AVX-512).
 - `matmul(a, b)`: the operators' own tall products (N tokens by a few features) through oneDNN
-  where that pays (see its docstring), used by the kernel core (linvit.attention.base),
-  performer and polarity whatever `runtime.cpu_linear` says, as the depthwise convolutions'
-  kernel choice is theirs (linvit.attention.depthwise).
+  where that pays (`pays()`, and the shapes of its docstring), used by the kernel core
+  (linvit.attention.base), performer and polarity whatever `runtime.cpu_linear` says, as the
+  depthwise convolutions' kernel choice is theirs (linvit.attention.depthwise).
 - `disabled()`: a context in which none of this goes through oneDNN (side-by-side checks).
 
 The values agree with MKL's to float rounding (tests/test_onednn.py: about 1e-6 relative), not
@@ -29,9 +31,11 @@ bit for bit: a run's numbers move by rounding when it is switched.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import platform
 import threading
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +47,30 @@ def available() -> bool:
     """Whether this torch has oneDNN's linear op and the CPU is x86-64 (where it was measured)."""
     return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
             and platform.machine().lower() in ("x86_64", "amd64"))
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor_id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...); "" where
+    there is none (not Linux, or not x86)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def pays() -> bool:
+    """Whether oneDNN beats torch's own CPU kernels here: where `available()` and the CPU is not
+    Intel's. Why by vendor: MKL, torch's sgemm, takes its AVX-512 code path on Intel's CPUs only.
+    On this project's AMD EPYC with AVX-512 oneDNN ran 135-200 GFLOP/s where MKL ran 60-75; on an
+    Intel Xeon with AVX-512 MKL was the faster on every product of the benchmark's module (two
+    threads, 8,192 x 128 rows: the qkv projection 6.3-7.5 against 7.1-7.4 ms, the output projection
+    1.44-1.57 against 1.72-2.07 ms, a tall (8, 4096, 32) by (8, 32, 33) product 0.60 against
+    1.63-1.70 ms). `runtime.cpu_linear: auto` and `matmul` follow it."""
+    return available() and cpu_vendor() != "GenuineIntel"
 
 
 def _product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post: str = "none",
@@ -147,7 +175,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _tall(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if not applies(a, b, None) or a.dim() < 2:
+    if not applies(a, b, None) or a.dim() < 2 or not pays():  # applies first: it sees compilation
         return False
     if b.dim() == 2:
         return True

@@ -15,6 +15,13 @@ from linvit.models import build_vit
 
 pytestmark = pytest.mark.skipif(not onednn.available(), reason="oneDNN's linear op needs an x86-64 CPU build")
 CPU = torch.device("cpu")
+READ_VENDOR = onednn.cpu_vendor  # the real reader, before the fixture below replaces it
+
+
+@pytest.fixture(autouse=True)
+def _oneDNN_pays(monkeypatch):
+    """The oneDNN paths are tested on every x86-64 CPU, Intel's too (where `pays()` says no)."""
+    monkeypatch.setattr(onednn, "cpu_vendor", lambda: "AuthenticAMD")
 
 
 def _grads(fn, x, w, b, gy):
@@ -141,6 +148,23 @@ def test_vit_outputs_agree_and_predictions_match():
         a, b = native(x), fast(x)
     torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
     assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+@pytest.mark.parametrize("vendor, auto", [("AuthenticAMD", "onednn"), ("GenuineIntel", "native"), ("", "onednn")])
+def test_auto_takes_onednn_except_on_intel_cpus(monkeypatch, vendor, auto):
+    """MKL uses AVX-512 on Intel's CPUs only, so auto (the linears) and `matmul` (the operators'
+    tall products) take oneDNN elsewhere and torch's own kernels there."""
+    monkeypatch.setattr(onednn, "cpu_vendor", lambda: vendor)
+    assert onednn.pays() is (auto == "onednn")
+    assert resolve_cpu_linear(None) == runtime({}).cpu_linear == Runtime(CPU, "fp32").cpu_linear == auto
+    a, b = torch.randn(2, onednn.MIN_ROWS, 8), torch.randn(2, 8, 5)
+    assert onednn._tall(a, b) is (auto == "onednn")
+
+
+def test_cpu_vendor_reads_this_machine():
+    """On Linux x86-64 (where this module runs) /proc/cpuinfo names a vendor, as 'GenuineIntel'."""
+    vendor = READ_VENDOR()
+    assert vendor and vendor == vendor.strip() and " " not in vendor
 
 
 def test_runtime_place_follows_cpu_linear():

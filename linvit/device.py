@@ -10,10 +10,10 @@ the same object, so the models, the batches, evaluation and the benchmark agree 
     compile    false (default) | true (inductor) | a torch.compile backend name (aot_eager, ...)
     workers    auto (the job's torch threads on CUDA, 0 on the CPU) | N: threads decoding each batch
                (in order, so the batches stay exactly the same; 0 decodes in the loop's own thread)
-    cpu_linear auto (onednn where linvit.onednn.pays(): an x86-64 CPU not made by Intel, else native)
-               | onednn | native: what computes the models' fp32 linear layers on the CPU
-               (`Runtime.place`); oneDNN was 2.5x MKL's speed on this project's AMD machine, slower
-               than MKL on an Intel Xeon, and agrees with it to float rounding
+    cpu_linear auto (onednn where linvit.onednn.available(), else native) | onednn | native: what
+               computes the models' fp32 linear layers on the CPU (`Runtime.place`); oneDNN was 2.5x
+               MKL's speed on this project's AMD machine, 0.79 of MKL's time for a micro ViT's
+               evaluation on an Intel Xeon, and agrees with it to float rounding
 
 Under torchrun (WORLD_SIZE > 1) the runtime also holds the job's `linvit.distributed.World`, and
 `cuda`/`auto` mean this process's GPU, cuda:LOCAL_RANK.
@@ -161,9 +161,9 @@ def resolve_cpu_linear(value, key: str = "runtime.cpu_linear") -> str:
     if value not in CPU_LINEARS:
         raise ValueError(f"{key}: unknown value {value!r}; known: {', '.join(CPU_LINEARS)}")
     if value == "auto":
-        from .onednn import pays
+        from .onednn import available
 
-        return "onednn" if pays() else "native"
+        return "onednn" if available() else "native"
     return value
 
 

@@ -15,9 +15,9 @@ batch of 256 took 70 against 114-120 ms, and its training step 268-281 against 3
 - `use_onednn(model)`: every plain nn.Linear of a model becomes a `Linear` in place: the same
   Parameter objects, the same state_dict keys, still an nn.Linear to isinstance; and every plain
   timm Mlp an `Mlp`, which in evaluation computes fc1 and its GELU as one oneDNN call. Runtime.place
-  (linvit.device) calls it when `runtime.cpu_linear` is onednn, the default where `pays`.
-- `pays()`: whether oneDNN beats torch's own kernels on this CPU (by its vendor: not on Intel's,
-  where MKL uses AVX-512).
+  (linvit.device) calls it when `runtime.cpu_linear` is onednn, the default where `available`.
+- `pays()`: whether oneDNN beats torch's own kernels on the operators' tall products on this CPU
+  (by its vendor: not on Intel's, where MKL uses AVX-512).
 - `matmul(a, b)`: the operators' own tall products (N tokens by a few features) through oneDNN
   where that pays (`pays()`, and the shapes of its docstring), used by the kernel core
   (linvit.attention.base), performer and polarity whatever `runtime.cpu_linear` says, as the
@@ -63,13 +63,17 @@ def cpu_vendor() -> str:
 
 
 def pays() -> bool:
-    """Whether oneDNN beats torch's own CPU kernels here: where `available()` and the CPU is not
-    Intel's. Why by vendor: MKL, torch's sgemm, takes its AVX-512 code path on Intel's CPUs only.
-    On this project's AMD EPYC with AVX-512 oneDNN ran 135-200 GFLOP/s where MKL ran 60-75; on an
-    Intel Xeon with AVX-512 MKL was the faster on every product of the benchmark's module (two
-    threads, 8,192 x 128 rows: the qkv projection 6.3-7.5 against 7.1-7.4 ms, the output projection
-    1.44-1.57 against 1.72-2.07 ms, a tall (8, 4096, 32) by (8, 32, 33) product 0.60 against
-    1.63-1.70 ms). `runtime.cpu_linear: auto` and `matmul` follow it."""
+    """Whether oneDNN beats torch's own CPU kernels on the operators' tall products (`matmul`) here:
+    where `available()` and the CPU is not Intel's. Why by vendor: MKL, torch's sgemm, takes its
+    AVX-512 code path on Intel's CPUs only. On this project's AMD EPYC with AVX-512 oneDNN ran
+    135-200 GFLOP/s where MKL ran 60-75; on an Intel Xeon with AVX-512 (two threads) a tall
+    (8, 4096, 32) by (8, 32, 33) product took 0.60 ms in MKL against 1.63-1.70 in oneDNN.
+
+    The linear layers are another matter, and `runtime.cpu_linear: auto` takes oneDNN for them on
+    every x86-64 CPU: on that Intel Xeon (one thread) a micro ViT's evaluation batch of 256 took
+    158 ms through oneDNN against 200 through MKL (fc1 and its GELU are one call; `addmm` first
+    copies the bias into its output), its training step 0.94-1.01 of MKL's time, while the operator
+    benchmark's modules at 4,096 tokens (two threads) took 1.01-1.05 of theirs."""
     return available() and cpu_vendor() != "GenuineIntel"
 
 

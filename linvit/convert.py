@@ -523,16 +523,11 @@ def _device_name(rt) -> str:
 
     import torch
 
+    from .io import cpu_info
+
     if rt.cuda:
         return f"{rt.device} ({torch.cuda.get_device_name(rt.device)})"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_info("model name") or platform.processor() or platform.machine()
     return f"cpu ({cpu}, {torch.get_num_threads()} torch threads)"
 
 

@@ -129,6 +129,19 @@ def git_revision() -> str | None:
         return None
 
 
+def cpu_info(field: str) -> str:
+    """A field of /proc/cpuinfo's first processor ("model name", "vendor_id", ...); "" where there
+    is none (not Linux, or a field this CPU's architecture does not report)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip().lower() == field:
+                return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
 def code_version() -> dict:
     """What identifies the code that produced a result: the package version and the git revision."""
     return {"linvit_version": __version__, "git_revision": git_revision()}

@@ -35,12 +35,13 @@ import functools
 import math
 import platform
 import threading
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from timm.layers import Mlp as TimmMlp
 from torch import nn
+
+from .io import cpu_info
 
 
 def available() -> bool:
@@ -53,13 +54,7 @@ def available() -> bool:
 def cpu_vendor() -> str:
     """The CPU's vendor_id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD", ...); "" where
     there is none (not Linux, or not x86)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    return cpu_info("vendor_id")
 
 
 def pays() -> bool:

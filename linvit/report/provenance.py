@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from ..io import cpu_info
+
 PACKAGES = ("torch", "timm", "snakemake", "pandas", "numpy", "webdataset", "linvit")
 # A distillation serves every budget of its cell: its seconds are counted once per these keys.
 DISTILL_KEYS = ["dataset", "size", "variant", "init", "design", "seed"]
@@ -79,13 +81,7 @@ def machine(runs: pd.DataFrame | None = None) -> dict[str, str]:
 
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux, else platform.processor())."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or UNKNOWN
+    return cpu_info("model name") or platform.processor() or UNKNOWN
 
 
 def cpu_kernels() -> str:

@@ -17,7 +17,12 @@ faster of the two. Measured on that CPU (median of 5 paired rounds of 15 calls, 
 folded over oneDNN's own: NCHW (2, 128, 64, 64) 0.14 on one thread and two (4.5 against 31 ms);
 channels-last (8, 32, 64, 64) 1.18 on one thread and 1.43 on two, (2, 128, 64, 64) 1.08 and
 1.08-1.2, (256, 16, 7, 7) 1.11 and 0.88, (64, 64, 24..64 side) 1.2-1.6 (the folded path must
-first copy channels-last planes to NCHW). So the folded gradient serves NCHW inputs only. For
+first copy channels-last planes to NCHW). On an Intel Xeon with AVX-512 it is the other way round,
+copies included (median of 9 calls, oneDNN's weight gradient alone against the folded one):
+(8, 32, 64, 64) 7.41 against 4.45 ms on one thread and 3.50 against 2.23 on two, (2, 128, 64, 64)
+13.66 against 8.74 and 5.94 against 3.43, (256, 16, 7, 7) 1.25 against 1.01 and 0.69 against
+0.57. So the folded gradient serves NCHW inputs everywhere and channels-last ones on Intel's CPUs
+(`folds_channels_last`, by the vendor as `linvit.onednn.pays` decides the tall products). For
 3x3 kernels oneDNN's own weight gradient was faster everywhere (0.35 against 1.2 ms at
 (2, 128, 64, 64)), so they, and every other device, keep PyTorch's convolution as it is. Same
 values up to float rounding (a different summation order).
@@ -28,6 +33,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .. import onednn
+
 # Kernels at least this wide, on NCHW-contiguous inputs, take the folded weight gradient (see the
 # module docstring).
 FOLDED_FROM = 5
@@ -36,16 +43,28 @@ FOLDED_FROM = 5
 def depthwise_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                      padding: int | tuple[int, int]) -> torch.Tensor:
     """F.conv2d(x, weight, bias, padding=padding, groups=channels) for x (B, C, H, W) and weight
-    (C, 1, kh, kw), stride 1; on the CPU, for an NCHW-contiguous x, with an odd kernel of 5 or more
-    a side padded to keep the input's size and a weight that needs its gradient, the weight
-    gradient is computed folded (channels-last inputs keep oneDNN's own, faster for them)."""
+    (C, 1, kh, kw), stride 1; on the CPU, for an NCHW-contiguous x (or a channels-last one where
+    `folds_channels_last`), with an odd kernel of 5 or more a side padded to keep the input's size
+    and a weight that needs its gradient, the weight gradient is computed folded (elsewhere
+    channels-last inputs keep oneDNN's own, faster for them there)."""
     pad = (padding, padding) if isinstance(padding, int) else tuple(padding)
     kh, kw = weight.shape[-2:]
     same_size = (kh, kw) == (2 * pad[0] + 1, 2 * pad[1] + 1)
-    if x.device.type != "cpu" or not x.is_contiguous() or min(kh, kw) < FOLDED_FROM or not same_size or not (
+    # A compiled graph keeps the NCHW-only rule: the vendor comes from /proc/cpuinfo, which dynamo
+    # does not trace.
+    layout = x.is_contiguous() or (x.is_contiguous(memory_format=torch.channels_last)
+                                   and not torch.compiler.is_compiling() and folds_channels_last())
+    if x.device.type != "cpu" or not layout or min(kh, kw) < FOLDED_FROM or not same_size or not (
             torch.is_grad_enabled() and weight.requires_grad):
         return F.conv2d(x, weight, bias, padding=padding, groups=x.shape[1])
     return _DepthwiseConv.apply(x, weight, bias, pad)
+
+
+def folds_channels_last() -> bool:
+    """Whether channels-last inputs take the folded weight gradient too: on Intel's CPUs, where it
+    beat oneDNN's own from that layout (the module docstring's numbers); not on AMD's, where
+    oneDNN's was the faster."""
+    return onednn.cpu_vendor() == "GenuineIntel"
 
 
 class _DepthwiseConv(torch.autograd.Function):

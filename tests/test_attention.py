@@ -185,6 +185,42 @@ def test_polarity_feature_backward_passes_gradcheck():
     assert torch.autograd.gradcheck(f, (x, inv_scale, p), eps=1e-6, atol=1e-6, rtol=1e-4)
 
 
+def test_polarity_feature_gradient_stops_at_the_cap():
+    """|x'| is capped at 1e6 (so that x'^5 stays finite in fp32): beyond it the features are
+    constant, so their gradient is zero there and autograd's of the plain formula elsewhere."""
+    from linvit.attention.polarity import _PolarityPowers
+
+    x = torch.tensor([[[[3e6, -0.5, 2.0, -4e6], [0.0, 1.5, -2e5, 7.0]]]], requires_grad=True)
+    inv_scale, p = torch.ones(1, 1, 1, 4), torch.full((1, 1, 1, 4), 3.0)
+    out, _ = _PolarityPowers.apply(x, inv_scale, p, False)
+    grad = torch.randn(out.shape)
+    (g,) = torch.autograd.grad(out, x, grad)
+    a = x.detach().clone().requires_grad_()
+    capped = a.abs().clamp_max(1e6) ** 3
+    ref_out = torch.cat([torch.where(a > 0, capped, 0.0), torch.where(a < 0, capped, 0.0)], dim=-1)
+    (ref,) = torch.autograd.grad(ref_out, a, grad)
+    torch.testing.assert_close(out, ref_out.detach(), rtol=1e-5, atol=0)
+    assert (g[x.abs() > 1e6] == 0).all()
+    torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("start", [0, 2])
+def test_polarity_core_backward_passes_gradcheck(start):
+    """The written-out backward of polarity's core (products, quotient, the small matrix's swaps)
+    against finite differences, with and without prefix tokens (no conv term on those)."""
+    from linvit.attention.polarity import _PolarityCore
+
+    torch.manual_seed(0)
+    b, h, n, d = 1, 2, 7, 4
+    fq = torch.rand(b, h, n, 2 * d, dtype=torch.float64, requires_grad=True)
+    fk = torch.rand(b, h, n, 2 * d, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(b, h, n, d, dtype=torch.float64, requires_grad=True)
+    conv = torch.randn(b, h, n - start, d, dtype=torch.float64, requires_grad=True)
+    eps = torch.full((b, h, 1, 1), 1e-3, dtype=torch.float64)
+    f = lambda fq, fk, v, conv: _PolarityCore.apply(fq, fk, v, eps, conv, start)
+    assert torch.autograd.gradcheck(f, (fq, fk, v, conv), eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
 # -- float64 -------------------------------------------------------------------------------------
 
 CASES = [(v, {}) for v in VARIANTS] + [("rala", {"rope": True})]

@@ -368,3 +368,14 @@ def test_focused_focus_map_backward_passes_gradcheck():
     a = (F.relu(x) + 1e-6) / s
     written = a ** 3 * (a.norm(dim=-1, keepdim=True) / (a ** 3).norm(dim=-1, keepdim=True))
     torch.testing.assert_close(_FocusMap.apply(x, s, 3.0), written)
+
+
+def test_rotate_pairs_backward_passes_gradcheck():
+    """The rotary rotation's written-out backward (the rotation back, by conj(rot)) against finite
+    differences, on a view with prefix tokens sliced off as the operators hand it in."""
+    from linvit.attention.mila import rotate_pairs, rotation
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 6, 4, dtype=torch.float64, requires_grad=True)
+    rot = rotation(torch.rand(2, 5, 2, dtype=torch.float64) * 6)
+    assert torch.autograd.gradcheck(lambda x: rotate_pairs(x[:, :, 1:], rot), (x,), eps=1e-6, atol=1e-6)

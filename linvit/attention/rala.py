@@ -42,7 +42,8 @@ from torch import nn
 
 from .base import (ImplicitAttention, LinearAttention, elu_plus_one, kernel_attention, kernel_matrix,
                    register_attention)
-from .mila import PatchLePE, axial_rope_angles, rotary_kernel_attention, rotary_kernel_matrix, rotate_patches
+from .mila import (PatchLePE, axial_rope_angles, rotary_kernel_attention, rotary_kernel_matrix, rotate_patches,
+                   rotation)
 
 
 @register_attention("rala")
@@ -65,8 +66,7 @@ class RalaAttention(LinearAttention):
             self.row_normalized = False
             theta = 1.0 / rope_base ** torch.linspace(0, 1, self.head_dim // 4, dtype=torch.float64)
             angles = axial_rope_angles(self.grid_size, theta)  # (P, D/2), the same for every head
-            self.register_buffer("rope_cos", torch.cos(angles).float(), persistent=False)
-            self.register_buffer("rope_sin", torch.sin(angles).float(), persistent=False)
+            self.register_buffer("rope_rotation", rotation(angles), persistent=False)
 
     def features(self, q, k):
         fq, fk = elu_plus_one(q), elu_plus_one(k)
@@ -77,7 +77,7 @@ class RalaAttention(LinearAttention):
         return fq, fk * alpha
 
     def _rope(self, x):
-        return rotate_patches(x, self.patch_slice(x.shape[-2]), self.rope_cos, self.rope_sin)
+        return rotate_patches(x, self.patch_slice(x.shape[-2]), self.rope_rotation)
 
     def attend(self, q, k, v):
         fq, fk = self.features(q, k)

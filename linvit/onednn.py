@@ -22,6 +22,8 @@ batch of 256 took 70 against 114-120 ms, and its training step 268-281 against 3
   where that pays (`pays()`, and the shapes of its docstring), used by the kernel core
   (linvit.attention.base), performer and polarity whatever `runtime.cpu_linear` says, as the
   depthwise convolutions' kernel choice is theirs (linvit.attention.depthwise).
+- `contract_tokens(a, b)`: the operators' products over tokens (a.T @ b), in the operand order
+  MKL runs faster (no oneDNN: it gained nothing there).
 - `disabled()`: a context in which none of this goes through oneDNN (side-by-side checks).
 
 The values agree with MKL's to float rounding (tests/test_onednn.py: about 1e-6 relative), not
@@ -211,22 +213,13 @@ class _MatMul(torch.autograd.Function):
             if b.dim() == 2:  # one matrix shared by every batch: the sum over all rows
                 grad_b = a.reshape(-1, a.shape[-1]).t() @ grad.reshape(-1, grad.shape[-1])
             else:
-                grad_b = a.transpose(-1, -2) @ grad
+                grad_b = contract_tokens(a, grad)
         return grad_a, grad_b
 
 
-def matmul_t(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a.T @ b over the last two dims of a (..., N, K) and b (..., N, M): a contraction over the N
-    tokens, by torch.matmul (`contract_tokens`); with autograd whose two gradients, b @ g.T and
-    a @ g, are tall products (N rows) and go through `matmul` (at (8, 4096, 64) by (8, 4096, 33):
-    the gradient of a took 3.9 ms as autograd's bmm, about 1 ms this way)."""
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad) and _tall(a, b.transpose(-1, -2)):
-        return _MatMulT.apply(a, b)
-    return contract_tokens(a, b)
-
-
 def contract_tokens(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a.T @ b for a (..., N, K) and b (..., N, M), no autograd Function of its own. On the CPU
+    """a.T @ b for a (..., N, K) and b (..., N, M): a contraction over the N tokens (the operators'
+    reductions: phi(K)^T V and its gradients' counterparts), by torch.matmul. On the CPU
     the wider operand goes second, (b.T @ a).T when K > M: MKL's batched product over the N
     tokens ran faster with the result's longer side as its rows' length. Measured on an Intel
     Xeon, (8, 4096, K) by (8, 4096, M), one thread, median of 41: K, M = 64, 34: 1.20 against
@@ -235,21 +228,6 @@ def contract_tokens(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.device.type == "cpu" and a.shape[-1] > b.shape[-1]:
         return (b.transpose(-1, -2) @ a).transpose(-1, -2)
     return a.transpose(-1, -2) @ b
-
-
-class _MatMulT(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return contract_tokens(a, b)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        a, b = ctx.saved_tensors
-        grad_a = matmul(b, grad.transpose(-1, -2)) if ctx.needs_input_grad[0] else None
-        grad_b = matmul(a, grad) if ctx.needs_input_grad[1] else None
-        return grad_a, grad_b
 
 
 def _dense(m: torch.Tensor) -> torch.Tensor:

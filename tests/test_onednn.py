@@ -243,11 +243,15 @@ def test_operators_through_onednn_match_them_without(variant):
                                    msg=f"tensor {i}")
 
 
-def test_matmul_t_matches_torch_with_gradients():
+@pytest.mark.parametrize("k,m", [(12, 7), (7, 12), (8, 8)])
+def test_contract_tokens_is_a_transposed_product_either_way_round(k, m):
     torch.manual_seed(0)
-    a, b = torch.randn(2, 3, onednn.MIN_ROWS, 12), torch.randn(2, 3, onednn.MIN_ROWS, 7)
-    g = torch.randn(2, 3, 12, 7)
-    _same_products(onednn.matmul_t, lambda x, y: x.transpose(-1, -2) @ y, a, b, g)
+    a, b = torch.randn(2, 3, 40, k, requires_grad=True), torch.randn(2, 3, 40, m, requires_grad=True)
+    g = torch.randn(2, 3, k, m)
+    got = onednn.contract_tokens(a, b)
+    want = a.transpose(-1, -2) @ b
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, (a, b), g), torch.autograd.grad(want, (a, b), g))
 
 
 def test_mlp_fuses_gelu_in_evaluation_only_and_matches_timm():

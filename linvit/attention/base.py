@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from timm.layers import LayerNorm
 from torch import nn
 
-from ..onednn import matmul
+from ..onednn import contract_tokens, matmul
 
 ATTENTION: dict[str, type["LinearAttention"]] = {}
 # Called with each newly registered name (models.py registers the timm entry points this way).
@@ -192,7 +192,8 @@ class _KernelCore(torch.autograd.Function):
     batched matmul for the latter, 7 ms of hedgehog's 94 at 4,096 tokens), results divided in
     place, and nothing recomputed. Measured at (2, 4, 4096, F) with D = 32 on the CPU, forward and
     backward: 16.9 -> 9.3 ms for F = 32, 33.3 -> 16.7 ms for F = 64 (against the einsum form).
-    The products over features (tall: N rows) go through `linvit.onednn.matmul`."""
+    The products over features (tall: N rows) go through `linvit.onednn.matmul`, those over tokens
+    through `linvit.onednn.contract_tokens`."""
 
     @staticmethod
     def forward(ctx, fq, fk, v, eps, fq_num, fk_num, clamp):
@@ -206,7 +207,7 @@ class _KernelCore(torch.autograd.Function):
         a, b = (fq_num, fk_num) if rotary else (fq, fk)
         n = fk.shape[-2]
         kmean = fk.mean(dim=-2, keepdim=True)  # (B, H, 1, F)
-        kv = (b.transpose(-1, -2) @ v).div_(n)  # (B, H, F, D)
+        kv = contract_tokens(b, v).div_(n)  # (B, H, F, D)
         den = fq @ kmean.transpose(-1, -2)  # (B, H, N, 1)
         den = den.clamp_min_(eps) if clamp else den.add_(eps)
         out = matmul(a, kv).div_(den)
@@ -225,7 +226,7 @@ class _KernelCore(torch.autograd.Function):
         g_den = (g_num * out).sum(dim=-1, keepdim=True).neg_()  # (B, H, N, 1)
         if ctx.floor is not None:  # no gradient where the clamp held the normalizer at its floor
             g_den.mul_(den > ctx.floor)
-        g_kv = (a.transpose(-1, -2) @ g_num).div_(n)  # (B, H, F, D)
+        g_kv = contract_tokens(a, g_num).div_(n)  # (B, H, F, D)
         g_kmean = (g_den.transpose(-1, -2) @ fq).div_(n)  # (B, H, 1, F): d/d fk_j, every token j
         g_a = matmul(g_num, kv.transpose(-1, -2))  # (B, H, N, F)
         g_b = matmul(v, g_kv.transpose(-1, -2))

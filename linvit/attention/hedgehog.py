@@ -52,6 +52,34 @@ from .base import LinearAttention, register_attention
 ACTIVATIONS = ("exp", "softmax", "softmax_halves")
 
 
+class _SignedExp(torch.autograd.Function):
+    """exp([z, -z] + shift) for z (B, H, N, D) and a constant shift (B, H, 1, 2D), and with
+    `row_max` each token's features divided by their maximum first (a constant too): the "exp"
+    features with the module docstring's shifts. The backward is written out, d/dz = g_+ f_+ -
+    g_- f_-, in two passes, where autograd took the exp's product, the negation's and the sum of
+    the halves' gradients each as its own pass. The module step at 4,096 tokens on an Intel Xeon
+    (medians of 5 runs alternating with the autograd form): 62.3 against 68.6 ms on one thread,
+    32.7 against 35.7 on two. The softmax activations keep autograd's form."""
+
+    @staticmethod
+    def forward(ctx, z, shift, row_max):
+        d = z.shape[-1]
+        out = torch.cat([z + shift[..., :d], shift[..., d:] - z], dim=-1)
+        if row_max:
+            out.sub_(out.amax(dim=-1, keepdim=True))
+        out.exp_()
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        d = out.shape[-1] // 2
+        g = grad[..., :d] * out[..., :d]
+        return g.addcmul_(grad[..., d:], out[..., d:], value=-1), None, None
+
+
 @register_attention("hedgehog")
 class HedgehogAttention(LinearAttention):
     eps = 1e-12
@@ -69,10 +97,14 @@ class HedgehogAttention(LinearAttention):
         self.fmap_k_bias = nn.Parameter(torch.zeros(h, d))
 
     @staticmethod
-    def _logits(x, weight, bias):  # (B, H, N, D) -> (B, H, N, 2D): [z, -z]
+    def _map(x, weight, bias):  # (B, H, N, D) -> z (B, H, N, D)
         # matmul broadcasts the (H, D, D) weights over B as one batched product on x's own layout;
         # einsum put h first and copied x and z for it (1.0-1.3 ms of 5.4-7.3 per call, with backward).
-        z = torch.matmul(x, weight.to(x.dtype)) + bias.to(x.dtype).unsqueeze(1)
+        return torch.matmul(x, weight.to(x.dtype)) + bias.to(x.dtype).unsqueeze(1)
+
+    @classmethod
+    def _logits(cls, x, weight, bias):  # (B, H, N, D) -> (B, H, N, 2D): [z, -z]
+        z = cls._map(x, weight, bias)
         return torch.cat([z, -z], dim=-1)
 
     def _halves_log_softmax(self, z):
@@ -80,6 +112,12 @@ class HedgehogAttention(LinearAttention):
         return torch.cat([F.log_softmax(z[..., :d], dim=-1), F.log_softmax(z[..., d:], dim=-1)], dim=-1)
 
     def features(self, q, k):
+        if self.activation == "exp":
+            zq = self._map(q, self.fmap_q_weight, self.fmap_q_bias)
+            zk = self._map(k, self.fmap_k_weight, self.fmap_k_bias)
+            with torch.no_grad():  # m = max_j [z_k, -z_k]: the keys' per-feature shift
+                m = torch.cat([zk.amax(dim=-2, keepdim=True), zk.amin(dim=-2, keepdim=True).neg_()], dim=-1)
+            return _SignedExp.apply(zq, m, True), _SignedExp.apply(zk, -m, False)
         lq = self._logits(q, self.fmap_q_weight, self.fmap_q_bias)
         lk = self._logits(k, self.fmap_k_weight, self.fmap_k_bias)
         if self.activation == "softmax":

@@ -398,3 +398,19 @@ def test_hedgehog_signed_exp_backward_passes_gradcheck():
     grad = torch.randn(got.shape, dtype=torch.float64)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got, z, grad), torch.autograd.grad(want, z, grad))
+
+
+@pytest.mark.parametrize("variant,kw", [("mila", {}), ("rala", {"rope": True})], ids=["mila", "rala-rope"])
+def test_rotary_tables_survive_module_to_dtype(variant, kw):
+    """`module.to(torch.float64)` converts the rotary table as `.double()` does (a complex buffer
+    would lose its sines to the real cast): the same outputs, no cast warning."""
+    import copy
+    import warnings
+
+    attn = make(variant, **kw)
+    x = torch.randn(2, 13, 32, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        moved = copy.deepcopy(attn).to(torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(moved(x), copy.deepcopy(attn).double()(x))

@@ -89,7 +89,8 @@ class _PolarityPowers(torch.autograd.Function):
             e.sub_(log_factor)
         signed = e.exp_().copysign_(x)  # sign(x) |x'|^p
         d = x.shape[-1]
-        if torch.compiler.is_compiling():  # one graph: the compiler fuses these passes itself
+        # dynamo refuses out= into a strided view; a compiled graph fuses the cat's passes anyway
+        if torch.compiler.is_compiling():
             pos = signed.clamp(min=0)
             out = torch.cat([pos, pos.sub(signed)], dim=-1)
         else:  # written straight into the halves of the output: no cat

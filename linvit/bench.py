@@ -49,12 +49,12 @@ def _slug(text: str) -> str:
 
 
 def machine_slug() -> str:
-    """A filesystem-safe name of this machine: CPU model, the vector instruction set torch's
-    kernels use (machines named alike can differ there, and in speed by 2.5x), core count, plus
-    the GPU's name."""
-    from .report.provenance import cpu_kernels, cpu_model
+    """A filesystem-safe name of this machine: CPU model, its x86 family and model numbers, the
+    vector instruction set torch's kernels use (machines named alike differ in both, and in speed
+    by up to 2.5x), core count, plus the GPU's name: `amd-epyc-family-25-model-17-avx512-2cores`."""
+    from .report.provenance import cpu_generation, cpu_kernels, cpu_model
 
-    parts = [_slug(cpu_model()) or "cpu", _slug(cpu_kernels()), f"{os.cpu_count()}cores"]
+    parts = [_slug(cpu_model()) or "cpu", _slug(cpu_generation()), _slug(cpu_kernels()), f"{os.cpu_count()}cores"]
     try:
         import torch
 

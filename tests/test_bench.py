@@ -23,6 +23,21 @@ def test_machine_slug_is_a_safe_file_name_with_the_vector_kernels_and_the_core_c
     assert f"-{torch.backends.cpu.get_cpu_capability().lower()}-{os.cpu_count()}cores" in slug
 
 
+def test_machine_slug_tells_cpu_generations_of_one_name_apart(monkeypatch):
+    from linvit.report import provenance
+
+    fields = {"model name": "AMD EPYC", "cpu family": "25", "model": "17"}
+    monkeypatch.setattr(provenance, "cpu_info", lambda field: fields.get(field, ""))
+    monkeypatch.setattr(provenance, "cpu_kernels", lambda: "AVX512")
+    zen4 = bench.machine_slug()
+    assert zen4.startswith("amd-epyc-family-25-model-17-avx512-")
+    fields["cpu family"] = "26"
+    assert bench.machine_slug() != zen4
+    fields.pop("cpu family")  # no family (not x86): the name, kernels and cores only
+    assert bench.machine_slug().startswith("amd-epyc-avx512-")
+    assert provenance.machine()["cpu generation"] == "unknown"
+
+
 def test_save_replaces_a_benchmarks_rows_and_keeps_the_others(tmp_path):
     first = [bench.row("train", "fit_over_bare", 0.9, "ratio", ">= 0.95", False)]
     plan = [bench.row("plan", "dry_run_s", 3.0, "s", "<= 15", True), bench.row("plan", "jobs", 100.0, "jobs")]

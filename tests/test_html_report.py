@@ -201,7 +201,7 @@ def test_provenance_fields_and_compute_counts_each_distillation_once(tmp_path):
     kernels = torch.backends.cpu.get_cpu_capability()
     assert record["machine"]["cpu kernels"] == kernels
     text = provenance.markdown(record)
-    assert f"({kernels} kernels)" in text
+    assert f"{record['machine']['cpu generation']}, {kernels} kernels)" in text
     assert "Total compute: 16.0 s" in text and "jobs: 4" in text and "seeds:\n- 0\n" in text
 
 

@@ -75,13 +75,22 @@ def machine(runs: pd.DataFrame | None = None) -> dict[str, str]:
     if runs is not None and "throughput_device" in runs:
         found = sorted(str(d) for d in runs["throughput_device"].dropna().unique())
         devices = ", ".join(found) if found else UNKNOWN
-    return {"cpu": cpu_model(), "cpu kernels": cpu_kernels(), "cores": str(os.cpu_count() or UNKNOWN),
+    return {"cpu": cpu_model(), "cpu generation": cpu_generation() or UNKNOWN, "cpu kernels": cpu_kernels(), "cores": str(os.cpu_count() or UNKNOWN),
             "gpu": gpu, "platform": platform.platform(terse=True), "run devices": devices}
 
 
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo on Linux, else platform.processor())."""
     return cpu_info("model name") or platform.processor() or UNKNOWN
+
+
+def cpu_generation() -> str:
+    """The x86 CPU's family and model numbers ("family 25 model 17"; "" where /proc/cpuinfo has none).
+    Why: virtual machines report a bare model name ("AMD EPYC") and the same instruction set for CPU
+    generations of different speed; two AVX-512 machines of this project so named ran oneDNN's
+    float32 products at 135-200 and at 95 GFLOP/s on one thread (AVX-512 on 256-bit units)."""
+    family, model = cpu_info("cpu family"), cpu_info("model")
+    return f"family {family} model {model}" if family and model else ""
 
 
 def cpu_kernels() -> str:
@@ -129,7 +138,7 @@ def markdown(record: dict) -> str:
         "- Git revision: `" + g["revision"] + "`" + {"yes": " (working tree had uncommitted changes)",
                                                       "no": " (clean working tree)"}.get(g["dirty"], " (dirty: unknown)"),
         "- Versions: " + ", ".join(f"{name} {version}" for name, version in v.items()),
-        f"- Machine writing this report: {m['cpu']} ({m['cpu kernels']} kernels), {m['cores']} cores, GPU: {m['gpu']} ({m['platform']}); "
+        f"- Machine writing this report: {m['cpu']} ({m.get('cpu generation', UNKNOWN)}, {m['cpu kernels']} kernels), {m['cores']} cores, GPU: {m['gpu']} ({m['platform']}); "
         f"devices the runs were measured on: {m['run devices']}",
         f"- Total compute: {c['total seconds']:.1f} s ({hours:.2f} h) = training {c['train seconds']:.1f} s over "
         f"{c['training runs']} runs + distillation {c['distill seconds']:.1f} s over {c['distillations']} "

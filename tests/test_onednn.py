@@ -296,3 +296,20 @@ def test_mlp_with_another_activation_is_not_fused():
     x = torch.randn(4, 8)
     with torch.no_grad():
         torch.testing.assert_close(m(x), TimmMlp.forward(m, x))
+
+
+@pytest.mark.parametrize("case", ["tall", "few rows", "transposed b", "broadcast e"])
+def test_matmul_mul_matmul_is_the_three_steps(case):
+    """((a @ b) * e) @ w, matrix by matrix where a @ b is oneDNN's tall product, else in three
+    steps: the same values as torch's."""
+    torch.manual_seed(0)
+    rows = onednn.MIN_ROWS - 1 if case == "few rows" else onednn.MIN_ROWS
+    a = torch.randn(2, 3, rows, 9)
+    b = torch.randn(2, 3, 13, 9).transpose(-1, -2) if case == "transposed b" else torch.randn(2, 3, 9, 13)
+    e = torch.rand(1, 3, rows, 13) if case == "broadcast e" else torch.rand(2, 3, rows, 13)
+    w = torch.randn(13, 5)
+    got = onednn.matmul_mul_matmul(a, b, e, w)
+    assert got.shape == (2, 3, rows, 5)
+    torch.testing.assert_close(got, ((a @ b) * e) @ w, rtol=1e-5, atol=1e-5)
+    with onednn.disabled():
+        torch.testing.assert_close(onednn.matmul_mul_matmul(a, b, e, w), ((a @ b) * e) @ w)

@@ -55,7 +55,7 @@ import math
 
 import torch
 
-from ..onednn import matmul
+from ..onednn import matmul, matmul_mul_matmul
 from .base import LinearAttention, register_attention
 
 
@@ -121,12 +121,11 @@ class _FavorCore(torch.autograd.Function):
         g_va += c * g_vk.sum(dim=-1).unsqueeze(-2)
         d = q.shape[-1]
         w = w_t.transpose(-1, -2)
-        # through exp (g e), then the product; (B, H, N, m) buffer reused for the keys
-        buf = matmul(g_out, vk).mul_(eq)  # out = e(Q) vk^T + ...
-        g_xa = matmul(buf, w)
+        # through exp (g e), then the product with [d^-1/4 W, -1]; matrix by matrix, so that
+        # each (N, m) intermediate is used while in cache
+        g_xa = matmul_mul_matmul(g_out, vk, eq, w)  # out = e(Q) vk^T + ...
         g_q = torch.addcmul(g_xa[..., :d], g_xa[..., d:], q, value=ctx.scale2)
-        buf = matmul(va, g_vk).mul_(ek)  # vk = [V, 1]^T e(K) / n + c sum_j [v_j, 1] / n
-        g_xa = matmul(buf, w)
+        g_xa = matmul_mul_matmul(va, g_vk, ek, w)  # vk = [V, 1]^T e(K) / n + c sum_j [v_j, 1] / n
         g_k = torch.addcmul(g_xa[..., :d], g_xa[..., d:], k, value=ctx.scale2)
         g_v = g_va[..., :-1] / n
         return g_q, g_k, g_v, None, None, None, None, None

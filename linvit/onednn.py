@@ -61,6 +61,13 @@ def cpu_vendor() -> str:
     return cpu_info("vendor_id")
 
 
+@functools.cache
+def cpu_family() -> str:
+    """The x86 CPU's family number from /proc/cpuinfo ("25" for AMD's Zen 3 and Zen 4); "" where
+    there is none."""
+    return cpu_info("cpu family")
+
+
 def pays() -> bool:
     """Whether oneDNN beats torch's own CPU kernels on the operators' tall products (`matmul`) here:
     where `available()` and the CPU is not Intel's. Why by vendor: MKL, torch's sgemm, takes its

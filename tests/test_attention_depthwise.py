@@ -1,6 +1,7 @@
 """linvit.attention.depthwise: the depthwise convolution gives PyTorch's convolution's output and
 gradients in both memory layouts (NCHW takes the folded weight gradient; channels-last takes it on
-Intel's CPUs and oneDNN's elsewhere, the CPU's vendor set here so both run on any machine)."""
+Intel's CPUs and AMD's Zen 4 and oneDNN's elsewhere, the CPU's vendor and family set here so both
+run on any machine)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from linvit.attention.depthwise import _DepthwiseConv, depthwise_conv2d, folds_c
 @pytest.fixture(params=["GenuineIntel", "AuthenticAMD"])
 def vendor(request, monkeypatch):
     monkeypatch.setattr(onednn, "cpu_vendor", lambda: request.param)
+    monkeypatch.setattr(onednn, "cpu_family", lambda: "26")
     return request.param
 
 
@@ -68,7 +70,26 @@ def test_channels_last_inputs_take_the_folded_gradient_on_intel_only(vendor):
     x = torch.randn(1, 4, 8, 8).contiguous(memory_format=torch.channels_last)
     out = depthwise_conv2d(x, torch.randn(4, 1, 5, 5, requires_grad=True), None, 2)
     folded = "DepthwiseConv" in type(out.grad_fn).__name__
-    assert folded == folds_channels_last() == (vendor == "GenuineIntel")
+    assert folded == folds_channels_last() == (vendor == "GenuineIntel")  # family 26: not Zen 4
     # NCHW inputs take it on every CPU.
     out = depthwise_conv2d(torch.randn(1, 4, 8, 8), torch.randn(4, 1, 5, 5, requires_grad=True), None, 2)
     assert "DepthwiseConv" in type(out.grad_fn).__name__
+
+
+@pytest.mark.parametrize("vendor, family, kernels, folds", [
+    ("AuthenticAMD", "25", "AVX512", True),    # Zen 4: the folded gradient was the faster
+    ("AuthenticAMD", "25", "AVX2", False),     # Zen 3: not measured
+    ("AuthenticAMD", "26", "AVX512", False),   # oneDNN's was the faster on the other AVX-512 EPYC
+    ("GenuineIntel", "6", "AVX512", True),
+    ("", "", "DEFAULT", False),                # not x86
+])
+def test_channels_last_folding_follows_the_cpu_generation(monkeypatch, vendor, family, kernels, folds):
+    from linvit.attention import depthwise
+
+    monkeypatch.setattr(onednn, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(onednn, "cpu_family", lambda: family)
+    monkeypatch.setattr(depthwise, "_cpu_capability", lambda: kernels)
+    assert folds_channels_last() is folds
+    x = torch.randn(1, 4, 8, 8).contiguous(memory_format=torch.channels_last)
+    out = depthwise_conv2d(x, torch.randn(4, 1, 5, 5, requires_grad=True), None, 2)
+    assert ("DepthwiseConv" in type(out.grad_fn).__name__) is folds

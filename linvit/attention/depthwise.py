@@ -21,8 +21,13 @@ first copy channels-last planes to NCHW). On an Intel Xeon with AVX-512 it is th
 copies included (median of 9 calls, oneDNN's weight gradient alone against the folded one):
 (8, 32, 64, 64) 7.41 against 4.45 ms on one thread and 3.50 against 2.23 on two, (2, 128, 64, 64)
 13.66 against 8.74 and 5.94 against 3.43, (256, 16, 7, 7) 1.25 against 1.01 and 0.69 against
-0.57. So the folded gradient serves NCHW inputs everywhere and channels-last ones on Intel's CPUs
-(`folds_channels_last`, by the vendor as `linvit.onednn.pays` decides the tall products). For
+0.57. On an AMD EPYC of family 25 with AVX-512 (Zen 4), it is the same as on the Intel Xeon: (2, 128,
+64, 64) channels-last, median of 15 calls, oneDNN's weight gradient alone 10.5 against 6.7-7.4 ms
+folded on one thread, 6.5 against 5.4-5.7 on two; and module steps at 4,096 tokens, medians of 11
+alternating (4 December 2026), folded over oneDNN's: `rala` 0.884 on one thread and 0.910 on two,
+`focused` 0.908 and 0.930, `polarity` 0.955 and 0.924. So the folded gradient serves NCHW inputs
+everywhere and channels-last ones on Intel's CPUs and AMD's Zen 4 (`folds_channels_last`, by the
+CPU's vendor and family as `linvit.onednn.pays` decides the tall products). For
 3x3 kernels oneDNN's own weight gradient was faster everywhere (0.35 against 1.2 ms at
 (2, 128, 64, 64)), so they, and every other device, keep PyTorch's convolution as it is. Same
 values up to float rounding (a different summation order).
@@ -61,10 +66,18 @@ def depthwise_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 def folds_channels_last() -> bool:
-    """Whether channels-last inputs take the folded weight gradient too: on Intel's CPUs, where it
-    beat oneDNN's own from that layout (the module docstring's numbers); not on AMD's, where
-    oneDNN's was the faster."""
-    return onednn.cpu_vendor() == "GenuineIntel"
+    """Whether channels-last inputs take the folded weight gradient too: on Intel's CPUs and on
+    AMD's family 25 with AVX-512 (Zen 4, whose AVX-512 runs on 256-bit units), where it beat
+    oneDNN's own from that layout (the module docstring's numbers); not on the other AMD CPU
+    measured, an AVX-512 EPYC of unrecorded family whose products ran at 135-200 GFLOP/s on one
+    thread, where oneDNN's was the faster; nor on CPUs where neither was measured."""
+    vendor = onednn.cpu_vendor()
+    return vendor == "GenuineIntel" or (vendor == "AuthenticAMD" and onednn.cpu_family() == "25"
+                                        and _cpu_capability().startswith("AVX512"))
+
+
+def _cpu_capability() -> str:
+    return torch.backends.cpu.get_cpu_capability()
 
 
 class _DepthwiseConv(torch.autograd.Function):

@@ -153,12 +153,17 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
     operator's: the speedup it would have at softmax's own rate of arithmetic (a ratio above it
     means the operator's arithmetic runs faster than softmax's, below it slower).
 
-    At each token count the operators are timed in rounds, each round timing every operator once
-    in turn, and each operator's time is its median over the rounds: a machine that other work
-    slows down for a while slows every operator in that round, not only the ones measured then.
+    At each token count the operators are timed in `repeats` rounds, each round timing every
+    operator once in turn, and each operator's time is its median over the rounds: a machine that
+    other work slows down for a while slows every operator in that round, not only the ones
+    measured then. `seconds_low` and `seconds_high` are its fastest and slowest round, and
+    `speedup_low` and `speedup_high` the lowest and highest of its per-round speedups (softmax's
+    time in a round over the operator's in the same round): how far one run's rounds spread.
     """
     import pandas as pd
 
+    if repeats < 1:
+        raise ValueError(f"--rounds must be 1 or more, got {repeats}")
     variants = list(variants or available_variants())
     if REFERENCE not in variants:
         variants.insert(0, REFERENCE)
@@ -173,6 +178,11 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
     df = pd.DataFrame(rows)
     ref = df[df.variant == REFERENCE].set_index("tokens")
     df["speedup_vs_softmax"] = [ref.seconds.get(n, float("nan")) / s for n, s in zip(df.tokens, df.seconds)]
+    # paired per round: softmax's time in round r over the operator's in round r
+    per_round = [[a / b for a, b in zip(ref.round_seconds[n], r)] if n in ref.index else [float("nan")]
+                 for n, r in zip(df.tokens, df.round_seconds)]
+    df["speedup_low"], df["speedup_high"] = [min(x) for x in per_round], [max(x) for x in per_round]
+    df = df.drop(columns="round_seconds")
     df["speedup_ceiling"] = [ref.gflop.get(n, float("nan")) / g if g else float("nan")
                              for n, g in zip(df.tokens, df.gflop)]
     return df
@@ -211,7 +221,8 @@ def _time_round_robin(names: list[str], n: int, *, repeats: int, min_seconds: fl
                      "compile": shape.get("compile") or "none",
                      "cpu_linear": (resolve_cpu_linear(shape.get("cpu_linear"))
                                     if torch.device(shape.get("device", "cpu")).type == "cpu" else ""),
-                     "seconds": seconds,
+                     "seconds": seconds, "rounds": len(times[v]), "seconds_low": min(times[v]),
+                     "seconds_high": max(times[v]), "round_seconds": times[v],
                      "gflop": flops[v] / 1e9, "gflop_per_s": flops[v] / 1e9 / seconds})
         print(f"benchmark: {v:>10} N={n:>6}: {seconds * 1e3:9.2f} ms", file=sys.stderr, flush=True)
     return rows
@@ -229,6 +240,9 @@ def summarize(df: pd.DataFrame, low: int = 256, high: int = 4096) -> pd.DataFram
         rows.append({"variant": v,
                      f"growth_{low}_to_{high}": t.get(high, float("nan")) / t.get(low, float("nan")),
                      f"speedup_vs_softmax_at_{high}": g.set_index("tokens")["speedup_vs_softmax"].get(high),
+                     **({f"rounds_range_at_{high}": (f"{g.set_index('tokens')['speedup_low'].get(high):.2f}-"
+                                                     f"{g.set_index('tokens')['speedup_high'].get(high):.2f}")}
+                        if "speedup_low" in g else {}),
                      **({f"speedup_ceiling_at_{high}": g.set_index("tokens")["speedup_ceiling"].get(high)}
                         if "speedup_ceiling" in g else {}),
                      "faster_than_softmax_from": int(faster.min()) if len(faster) else None})

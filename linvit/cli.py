@@ -155,7 +155,7 @@ def cmd_benchmark(args):
     df = run_benchmark(args.variants.split(",") if args.variants else None, tokens,
                        max_softmax_tokens=args.max_softmax_tokens, batch=args.batch, heads=args.heads,
                        head_dim=args.head_dim, scope=args.scope, device=device, compile=args.compile,
-                       cpu_linear=rt.cpu_linear)
+                       cpu_linear=rt.cpu_linear, repeats=args.rounds)
     with atomic_path(args.out) as tmp:
         df.to_csv(tmp, index=False)
     table = df.pivot(index="variant", columns="tokens", values="seconds") * 1e3
@@ -245,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="compile every module, softmax's included, with this torch.compile backend "
                             "(inductor), as runtime.compile does in a job; default: eager")
     bench.add_argument("--threads", type=int, default=0)
+    bench.add_argument("--rounds", type=int, default=5,
+                       help="alternating rounds at each token count (each operator keeps its median; the "
+                            "CSV keeps the fastest and slowest round and the per-round speedups' range)")
     bench.add_argument("--device", default=None, help=device_help)
     bench.add_argument("--out", default="results/benchmark/attention.csv")
     bench.set_defaults(fn=cmd_benchmark)

@@ -25,3 +25,14 @@ def test_operators_are_timed_in_alternating_rounds_and_keep_their_median(monkeyp
     # medians over rounds: softmax of (1, 100, 5), elu of (2, 100, 6); the slow round drops out
     assert seconds["softmax"] == 5.0 and seconds["elu"] == 6.0
     assert df.set_index("variant").speedup_vs_softmax["elu"] == pytest.approx(5 / 6)
+    # the spread of that run: fastest and slowest rounds, and the per-round (paired) speedups
+    row = df.set_index("variant").loc["elu"]
+    assert (row.rounds, row.seconds_low, row.seconds_high) == (3, 2.0, 100.0)
+    assert row.speedup_low == pytest.approx(1 / 2) and row.speedup_high == pytest.approx(1.0)
+    assert "round_seconds" not in df
+
+
+def test_rounds_below_one_are_refused_before_any_timing(monkeypatch):
+    monkeypatch.setattr(benchmark, "_stepper", lambda *a, **k: pytest.fail("timed"))
+    with pytest.raises(ValueError, match=r"^--rounds must be 1 or more, got 0$"):
+        benchmark.run_benchmark(["elu"], tokens=(16,), repeats=0)

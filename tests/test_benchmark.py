@@ -24,9 +24,14 @@ def test_benchmark_rejects_a_non_square_token_count():
 
 
 def test_benchmark_command_writes_csv(tmp_path):
-    out = run(["linvit", "benchmark", "--tokens", "16,64", "--variants", "relu", "--out", str(tmp_path / "b.csv")],
-              cwd=tmp_path)
+    out = run(["linvit", "benchmark", "--tokens", "16,64", "--variants", "relu", "--rounds", "2",
+               "--out", str(tmp_path / "b.csv")], cwd=tmp_path)
     assert (tmp_path / "b.csv").exists() and "relu" in out.stdout and "softmax" in out.stdout
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "b.csv")
+    assert (df.rounds == 2).all() and (df.seconds_low <= df.seconds).all() and (df.seconds <= df.seconds_high).all()
+    assert (df.speedup_low <= df.speedup_high).all() and "rounds_range_at_64" in out.stdout
 
 
 def test_benchmark_compiles_every_module_when_told():
@@ -77,3 +82,15 @@ def test_a_convolutions_backward_counts_the_forwards_products_once_per_gradient(
     forward = 2 * 2 * 12 * 12 * 8 * (8 // groups) * 25  # 2 flops per multiply-add
     assert count_flops(lambda: conv(x)) == forward
     assert count_flops(lambda: conv(x).sum().backward()) == 3 * forward  # + input and weight gradients
+
+
+def test_the_reports_scaling_table_shows_each_operators_round_range(tmp_path):
+    from linvit.report.render import _scaling_section
+
+    df = run_benchmark(["relu"], tokens=(16, 64), repeats=3, min_seconds=0.0)
+    df.to_csv(tmp_path / "attention.csv", index=False)
+    text, figures = _scaling_section(tmp_path / "attention.csv", tmp_path / "report")
+    assert "rounds_range_at_64" in text and "range of its per-round speedups" in text
+    row = df[(df.variant == "relu") & (df.tokens == 64)].iloc[0]
+    low, high = row.speedup_low, row.speedup_high
+    assert f"{low:.2f}-{high:.2f}" in text and figures

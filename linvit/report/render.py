@@ -248,6 +248,8 @@ def _scaling_section(path: Path, report_dir: Path) -> tuple[str, list[Path]]:
             f"{tokens[0]} to {high} tokens, the speedup over softmax (SDPA) at {high}"
             + (" and its ceiling there (softmax's counted FLOPs over the operator's: the speedup at softmax's own "
                "rate of arithmetic)" if "speedup_ceiling" in bench else "")
+            + (" with the range of its per-round speedups (each round times softmax and every operator once, "
+               "in turn)" if "speedup_low" in bench else "")
             + ", and the smallest measured token count from which it beats softmax.\n\n" + _markdown(table.reset_index()) + "\n\n"
             + _markdown(summarize(bench, tokens[0], high).round(2)) + "\n\n"
             + _figures_section([f.relative_to(report_dir) for f in figures]))

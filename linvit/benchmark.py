@@ -235,15 +235,15 @@ def summarize(df: pd.DataFrame, low: int = 256, high: int = 4096) -> pd.DataFram
 
     rows = []
     for v, g in df.groupby("variant", sort=False):
-        t = g.set_index("tokens")["seconds"]
+        at = g.set_index("tokens")
+        t = at["seconds"]
         faster = g[g.speedup_vs_softmax > 1].tokens
         rows.append({"variant": v,
                      f"growth_{low}_to_{high}": t.get(high, float("nan")) / t.get(low, float("nan")),
-                     f"speedup_vs_softmax_at_{high}": g.set_index("tokens")["speedup_vs_softmax"].get(high),
-                     **({f"rounds_range_at_{high}": (f"{g.set_index('tokens')['speedup_low'].get(high):.2f}-"
-                                                     f"{g.set_index('tokens')['speedup_high'].get(high):.2f}")}
+                     f"speedup_vs_softmax_at_{high}": at["speedup_vs_softmax"].get(high),
+                     **({f"rounds_range_at_{high}": f"{at.speedup_low.get(high):.2f}-{at.speedup_high.get(high):.2f}"}
                         if "speedup_low" in g else {}),
-                     **({f"speedup_ceiling_at_{high}": g.set_index("tokens")["speedup_ceiling"].get(high)}
+                     **({f"speedup_ceiling_at_{high}": at["speedup_ceiling"].get(high)}
                         if "speedup_ceiling" in g else {}),
                      "faster_than_softmax_from": int(faster.min()) if len(faster) else None})
     out = pd.DataFrame(rows)

@@ -213,7 +213,7 @@ def matmul_mul_matmul(a: torch.Tensor, b: torch.Tensor, e: torch.Tensor, w: torc
     three steps one after the other; `performer`'s module step at 4,096 tokens (its backward's two
     chains, F = 111, P = 33) took 0.970 of its time on one thread and 0.947 on two (medians of 11,
     alternating, on an AMD EPYC Zen 4)."""
-    if not _tall(a, b) or b.dim() == 2 or w.dim() != 2:
+    if not _tall(a, b) or b.dim() == 2:
         return matmul(matmul(a, b).mul_(e), w)
     batch = a.shape[:-2]
     count = math.prod(batch)

@@ -75,8 +75,9 @@ def machine(runs: pd.DataFrame | None = None) -> dict[str, str]:
     if runs is not None and "throughput_device" in runs:
         found = sorted(str(d) for d in runs["throughput_device"].dropna().unique())
         devices = ", ".join(found) if found else UNKNOWN
-    return {"cpu": cpu_model(), "cpu generation": cpu_generation() or UNKNOWN, "cpu kernels": cpu_kernels(), "cores": str(os.cpu_count() or UNKNOWN),
-            "gpu": gpu, "platform": platform.platform(terse=True), "run devices": devices}
+    return {"cpu": cpu_model(), "cpu generation": cpu_generation() or UNKNOWN, "cpu kernels": cpu_kernels(),
+            "cores": str(os.cpu_count() or UNKNOWN), "gpu": gpu, "platform": platform.platform(terse=True),
+            "run devices": devices}
 
 
 def cpu_model() -> str:
@@ -138,7 +139,7 @@ def markdown(record: dict) -> str:
         "- Git revision: `" + g["revision"] + "`" + {"yes": " (working tree had uncommitted changes)",
                                                       "no": " (clean working tree)"}.get(g["dirty"], " (dirty: unknown)"),
         "- Versions: " + ", ".join(f"{name} {version}" for name, version in v.items()),
-        f"- Machine writing this report: {m['cpu']} ({m.get('cpu generation', UNKNOWN)}, {m['cpu kernels']} kernels), {m['cores']} cores, GPU: {m['gpu']} ({m['platform']}); "
+        f"- Machine writing this report: {m['cpu']} ({m['cpu generation']}, {m['cpu kernels']} kernels), {m['cores']} cores, GPU: {m['gpu']} ({m['platform']}); "
         f"devices the runs were measured on: {m['run devices']}",
         f"- Total compute: {c['total seconds']:.1f} s ({hours:.2f} h) = training {c['train seconds']:.1f} s over "
         f"{c['training runs']} runs + distillation {c['distill seconds']:.1f} s over {c['distillations']} "

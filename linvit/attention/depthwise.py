@@ -22,8 +22,8 @@ copies included (median of 9 calls, oneDNN's weight gradient alone against the f
 (8, 32, 64, 64) 7.41 against 4.45 ms on one thread and 3.50 against 2.23 on two, (2, 128, 64, 64)
 13.66 against 8.74 and 5.94 against 3.43, (256, 16, 7, 7) 1.25 against 1.01 and 0.69 against
 0.57. On an AMD EPYC of family 25 with AVX-512 (Zen 4), it is the same as on the Intel Xeon: (2, 128,
-64, 64) channels-last, median of 15 calls, oneDNN's weight gradient alone 10.5 against 6.7-7.4 ms
-folded on one thread, 6.5 against 5.4-5.7 on two; and module steps at 4,096 tokens, medians of 11
+64, 64) channels-last, median of 15 calls, oneDNN's weight gradient alone 10.5-10.8 against 6.7-7.4
+ms folded on one thread, 5.7-6.5 against 4.2-5.7 on two; and module steps at 4,096 tokens, medians of 11
 alternating (4 December 2026), folded over oneDNN's: `rala` 0.884 on one thread and 0.910 on two,
 `focused` 0.908 and 0.930, `polarity` 0.955 and 0.924. So the folded gradient serves NCHW inputs
 everywhere and channels-last ones on Intel's CPUs and AMD's Zen 4 (`folds_channels_last`, by the

@@ -16,6 +16,7 @@ so the traced graph keeps the fp32 core under autocast, the mask check and hand-
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -144,6 +145,20 @@ def attention_core(attn: "LinearAttention", q: torch.Tensor, k: torch.Tensor, v:
     return out.to(v.dtype)
 
 
+LOG2E = 1.0 / math.log(2.0)  # exp(x) = 2^(x log2 e)
+
+
+def exp_(x: torch.Tensor) -> torch.Tensor:
+    """exp(x) in place, as 2^(x log2 e): x.mul_(LOG2E).exp2_(), returning x. Why: this torch's CPU
+    `exp` runs at 0.8-1.4 ns per element on one thread and `exp2` at 0.3, so the product and exp2
+    together take about half of exp's time (measured on an AMD EPYC Zen 4 with AVX-512, (2, 4,
+    4,096, 32): exp(min(x, 0)) 1.50 against 0.66 ms). The values agree with exp's to float rounding:
+    the relative error against the exact exponential of the float input is at most 2.9e-7 on
+    [-5, 0], against exp's 6e-8. Where a scale comes before the exponential anyway (performer's
+    projection, polarity's power), fold LOG2E into it and call exp2_ directly: no extra pass."""
+    return x.mul_(LOG2E).exp2_()
+
+
 class _EluPlusOne(torch.autograd.Function):
     """elu(x) + 1 as exp(min(x, 0)) + relu(x), whose derivative is exp(min(x, 0)) itself: the forward
     keeps that one tensor for the backward, which is a single product. relu(x) is the result's own
@@ -153,7 +168,7 @@ class _EluPlusOne(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        e = x.clamp_max(0).exp_()
+        e = exp_(x.clamp_max(0))
         ctx.save_for_backward(e)
         return x.clamp_min(0).add_(e)  # x > 0: x + 1 (exp(0) is exactly 1); x <= 0: exp(x)
 
@@ -168,8 +183,8 @@ def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
     """elu(x) + 1, the feature map of Katharopoulos et al. (and of MILA's and RALA's cores): equal to
     F.elu(x) + 1 up to float rounding (exp(x) there, expm1(x) + 1 in F.elu), with the same gradient.
     Why not F.elu: PyTorch's CPU kernels compute expm1 (and so elu) in a scalar loop, measured here
-    12 ns per element against exp's 0.8, which made elu 44% of a micro ViT's forward pass; exp,
-    clamp and relu are vectorized. One fused step forward and backward (not a chain of autograd ops,
+    12 ns per element against exp's 0.8, which made elu 44% of a micro ViT's forward pass; exp
+    (as `exp_` computes it), clamp and relu are vectorized. One fused step forward and backward (not a chain of autograd ops,
     whose clamp backward is another slow masked pass)."""
     return _EluPlusOne.apply(x)
 

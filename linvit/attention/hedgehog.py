@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import LinearAttention, register_attention
+from .base import LinearAttention, exp_, register_attention
 
 ACTIVATIONS = ("exp", "softmax", "softmax_halves")
 
@@ -67,7 +67,7 @@ class _SignedExp(torch.autograd.Function):
         out = torch.cat([z + shift[..., :d], shift[..., d:] - z], dim=-1)
         if row_max:
             out.sub_(out.amax(dim=-1, keepdim=True))
-        out.exp_()
+        exp_(out)
         ctx.save_for_backward(out)
         return out
 
@@ -126,7 +126,7 @@ class HedgehogAttention(LinearAttention):
             lq, lk = self._halves_log_softmax(lq), self._halves_log_softmax(lk)
         # Shifts that cancel exactly in the normalized form (see the module docstring).
         m = lk.amax(dim=-2, keepdim=True).detach()
-        fk = torch.exp(lk - m)
+        fk = exp_(lk - m)
         lq = lq + m
-        fq = torch.exp(lq - lq.amax(dim=-1, keepdim=True).detach())
+        fq = exp_(lq - lq.amax(dim=-1, keepdim=True).detach())
         return fq, fk

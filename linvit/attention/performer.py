@@ -56,7 +56,7 @@ import math
 import torch
 
 from ..onednn import matmul, matmul_mul_matmul
-from .base import LinearAttention, register_attention
+from .base import LOG2E, LinearAttention, exp_, register_attention
 
 
 def orthogonal_random_features(nb_features: int, dim: int, generator: torch.Generator) -> torch.Tensor:
@@ -84,13 +84,15 @@ class _FavorCore(torch.autograd.Function):
 
     @staticmethod
     def _features(x, w_t, scale2, offset, is_query):
-        half_sq = (0.5 * scale2) * (x * x).sum(dim=-1, keepdim=True)  # |x'|^2 / 2
-        z = matmul(x, w_t[:-1])  # w.x', (B, H, N, m)
+        # Every term in units of log 2 (times log2 e), so the exponential is exp2 (see base.exp_):
+        # the factor rides on the small (D, m) matrix and the per-token terms, not on z.
+        half_sq = (0.5 * scale2 * LOG2E) * (x * x).sum(dim=-1, keepdim=True)  # |x'|^2 / 2
+        z = matmul(x, w_t[:-1] * LOG2E)  # w.x', (B, H, N, m)
         stab = z.amax(dim=-1, keepdim=True)  # max of w.x' per query token
         if not is_query:
             stab = stab.amax(dim=-2, keepdim=True)  # ... per head for keys
         # w.x' - |x'|^2/2 - stab in one pass over the (B, H, N, m) tensor, then exp, in place
-        return z.sub_(half_sq + (stab + offset)).exp_()
+        return z.sub_(half_sq + (stab + offset * LOG2E)).exp2_()
 
     @staticmethod
     def forward(ctx, q, k, v, w_t, scale2, offset, c, eps):
@@ -164,7 +166,7 @@ class PerformerAttention(LinearAttention):
                 stab = stab.amax(dim=-2, keepdim=True)
             stab = stab + 0.5 * math.log(self.nb_features)  # m^-1/2 folded into the exponent
         # In place (the product's backward needs neither its output nor z): exp(z - stab).
-        return z.sub_(stab).exp_()
+        return exp_(z.sub_(stab))
 
     def features(self, q, k):
         c = self.nb_features ** -0.5 * self.kernel_eps

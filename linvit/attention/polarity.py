@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..onednn import contract_tokens, matmul
-from .base import ImplicitAttention, LinearAttention, register_attention
+from .base import LOG2E, ImplicitAttention, LinearAttention, register_attention
 from .depthwise import depthwise_conv2d
 
 _X_MAX = 1e6
@@ -79,15 +79,16 @@ class _PolarityPowers(torch.autograd.Function):
         # rather than branching on a.max() (a data-dependent branch breaks torch.compile graphs).
         a = torch.abs(x).mul_(inv_scale).clamp_max_(_X_MAX)
         log_a = a.log_()
-        e = log_a * p
+        e = log_a * (p * LOG2E)  # log2 |x'|^p: the power as exp2 (see base.exp_), LOG2E on p's few values
         if ctx.needs_input_grad[2]:
             log_a.clamp_min_(-1e30)  # -inf where x = 0, where the power (and so the gradient) is 0
         log_factor = None
         if normalize:
-            # log of max_{n, c} x'^p: the divisor, applied inside the exponent
-            log_factor = e.amax(dim=(-2, -1), keepdim=True).clamp_min_(_LOG_MIN_FACTOR)
+            # log2 of max_{n, c} x'^p: the divisor, applied inside the exponent
+            log_factor = e.amax(dim=(-2, -1), keepdim=True).clamp_min_(_LOG_MIN_FACTOR * LOG2E)
             e.sub_(log_factor)
-        signed = e.exp_().copysign_(x)  # sign(x) |x'|^p
+            log_factor = log_factor / LOG2E  # returned as a natural log
+        signed = e.exp2_().copysign_(x)  # sign(x) |x'|^p
         d = x.shape[-1]
         # dynamo refuses out= into a strided view; a compiled graph fuses the cat's passes anyway
         if torch.compiler.is_compiling():

@@ -34,6 +34,28 @@ def test_shipped_configs_are_valid(name):
     validate(load_config(REPO / "workflow/config" / f"{name}.yaml"))
 
 
+def test_the_schema_admits_every_setting_the_code_reads():
+    """The schema's train and runtime sections list exactly the settings TrainSpec and Runtime
+    read: a setting the code knows but the schema refuses cannot be used from a config at all."""
+    from dataclasses import fields
+
+    from linvit.config import SCHEMA
+    from linvit.device import CPU_LINEARS, RUNTIME_KEYS
+    from linvit.train import TrainSpec
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    assert set(schema["definitions"]["train"]["properties"]) == {f.name for f in fields(TrainSpec)}
+    runtime = schema["properties"]["runtime"]["properties"]
+    assert set(runtime) == set(RUNTIME_KEYS)
+    assert set(runtime["cpu_linear"]["enum"]) == set(CPU_LINEARS)
+    config = changed(runtime={"cpu_linear": "native"}, student__train__diverge_factor=50)
+    validate(config)
+    config["student"]["train"]["diverge_factor"] = None  # null: only NaN/inf stops a run
+    validate(config)
+    with pytest.raises(ConfigError, match="runtime.cpu_linear"):
+        validate(changed(runtime={"cpu_linear": "mkl"}))
+
+
 def test_default_grid_covers_every_cell():
     cells = student_cells(DEFAULT)
     assert len(cells) == 2 * 1 * 1 * 6 * 1 * 3  # targets x sizes x variants x inits x budgets x seeds

@@ -284,7 +284,9 @@ def bench_plan(config: dict, *, jobs: int = 2000) -> list[dict]:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        raise RuntimeError(f"snakemake -n failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+        # Snakemake prints a config's error on stdout or stderr, depending on where it is caught.
+        why = (proc.stderr.strip() or proc.stdout.strip())[-500:]
+        raise RuntimeError(f"snakemake -n failed ({proc.returncode}): {why}")
     found = re.search(r"^total\s+(\d+)", proc.stdout + proc.stderr, re.M)
     if not found:
         raise RuntimeError("snakemake -n printed no job count ('total N')")
@@ -354,7 +356,21 @@ def bench_jobcost(config: dict, shards: Path, *, baseline: str | Path | None = N
 def run(names: list[str], *, config_path=None, shards=None, out_dir="results/bench", steps: int | None = None,
         repeats: int = 5, images: int = 4096, jobs: int = 2000, baseline=None, job_repeats: int = 1,
         machine: str | None = None) -> list[dict]:
-    """Run the benchmarks `names` in order, print each table, save the rows; returns all rows."""
+    """Run the benchmarks `names` in order, print each table, save the rows; returns all rows.
+    The settings are checked first: a bad one fails before any benchmark runs or any row is saved."""
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise ValueError(f"unknown benchmark {unknown[0]!r} (known: {', '.join(BENCHMARKS)}, all)")
+    for flag, value in (("--repeats", repeats), ("--images", images), ("--jobs", jobs),
+                        ("--job-repeats", job_repeats), ("--steps", 1 if steps is None else steps)):
+        if value < 1:
+            raise ValueError(f"{flag} must be 1 or more, got {value}")
+    if baseline is not None and "jobcost" in names and not (Path(baseline) / "linvit" / "cli.py").is_file():
+        raise ValueError(f"--baseline {baseline}: not a checkout of linvit (no linvit/cli.py there)")
+    from .data.shards import MANIFEST
+
+    if shards is not None and not (Path(shards) / MANIFEST).is_file():
+        raise ValueError(f"--shards {shards}: no shard manifest {MANIFEST} there")
     config = load(config_path)
     out = []
     with tempfile.TemporaryDirectory(prefix="linvit-bench-data-") as tmp:
@@ -370,10 +386,8 @@ def run(names: list[str], *, config_path=None, shards=None, out_dir="results/ben
                 rows = bench_loader(config, data, images=images, consumption=consumption)
             elif name == "plan":
                 rows = bench_plan(config, jobs=jobs)
-            elif name == "jobcost":
+            else:  # jobcost (the names were checked above)
                 rows = bench_jobcost(config, data, baseline=baseline, repeats=job_repeats)
-            else:
-                raise ValueError(f"unknown benchmark {name!r} (known: {', '.join(BENCHMARKS)}, all)")
             path = save(rows, out_dir, machine)
             print(f"{name}:\n{table(rows)}\n(wrote {path})", flush=True)
             out += rows

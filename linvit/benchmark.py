@@ -41,9 +41,7 @@ def _stepper(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_
     the CPU, as a pipeline run's `runtime.cpu_linear` (Runtime.place; None: as auto resolves)."""
     if scope not in SCOPES:
         raise ValueError(f"unknown benchmark scope {scope!r}; known: {', '.join(SCOPES)}")
-    side = int(math.isqrt(tokens))
-    if side * side != tokens:
-        raise ValueError(f"benchmark token counts must be square patch grids; {tokens} is not")
+    side = _grid_side(tokens)
     torch.manual_seed(0)
     dim = heads * head_dim
     device = torch.device(device)
@@ -72,6 +70,14 @@ def _stepper(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_
         step()  # the compilation
     sync()
     return step, sync, flops
+
+
+def _grid_side(tokens: int) -> int:
+    """The side of the square patch grid of `tokens` tokens; a ValueError for any other count."""
+    side = math.isqrt(tokens) if tokens > 0 else 0
+    if side < 1 or side * side != tokens:
+        raise ValueError(f"benchmark token counts must be square patch grids; {tokens} is not")
+    return side
 
 
 def count_flops(step) -> int:
@@ -165,6 +171,14 @@ def run_benchmark(variants=None, tokens=(256, 1024, 4096, 16384), *, max_softmax
     if repeats < 1:
         raise ValueError(f"--rounds must be 1 or more, got {repeats}")
     variants = list(variants or available_variants())
+    unknown = [v for v in variants if v not in ATTENTION]
+    if unknown:
+        raise ValueError(f"--variants: unknown operator(s) {', '.join(unknown)}; known: {', '.join(available_variants())}")
+    for n in tokens:  # all checked before the first is timed
+        _grid_side(n)
+    for flag, key in (("--batch", "batch"), ("--heads", "heads"), ("--head-dim", "head_dim")):
+        if key in shape and shape[key] < 1:
+            raise ValueError(f"{flag} must be 1 or more, got {shape[key]}")
     if REFERENCE not in variants:
         variants.insert(0, REFERENCE)
     device = torch.device(shape.get("device", "cpu"))

@@ -20,13 +20,21 @@ def stamp(name: str) -> None:
 
 
 def _config(args) -> dict:
-    from .config import load_config
+    """The command's config: --config-json is a job's slice of a config the workflow validated;
+    a --config FILE is checked against the schema here (all but the sections it leaves out), so
+    a mistyped value is one line naming its key before any work starts."""
+    from .config import load_config, validate_schema
 
     if args.config_json is not None:
         return load_config(text=args.config_json)
     if args.config is None:
         raise ValueError("give --config FILE (or --config-json TEXT)")
-    return load_config(args.config)
+    config = load_config(args.config)
+    try:
+        validate_schema(config, partial=True)
+    except ValueError as err:
+        raise ValueError(f"{args.config}: {err}") from None
+    return config
 
 
 def _runtime(args, config: dict | None = None):
@@ -44,10 +52,28 @@ def _say(runtime, text: str) -> None:
 
 
 def _threads(args) -> None:
+    if args.threads < 0:
+        raise ValueError(f"--threads {args.threads}: give a positive number of threads (0: torch's choice)")
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
+
+
+def _writable(path: str, flag: str) -> None:
+    """A file the command will write at its end: refused now if it cannot be (a folder, or a folder
+    that cannot be made or written), so no measurement is lost to a bad path."""
+    from pathlib import Path
+
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path}: is a folder; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"{flag} {path}: cannot make its folder ({err.strerror})") from None
+    if not os.access(path.parent, os.W_OK):
+        raise ValueError(f"{flag} {path}: its folder {path.parent} is not writable")
 
 
 def cmd_check_config(args):
@@ -112,8 +138,12 @@ def cmd_evaluate(args):
 
 
 def cmd_report(args):
+    from pathlib import Path
+
     from .report.render import write_report
 
+    if not Path(args.results).is_dir():  # a mistyped path would render an empty report over a good one
+        raise ValueError(f"--results {args.results}: no such folder (the grid's results/)")
     paths = write_report(_config(args), args.results, args.out)
     print(f"report: wrote {len(paths)} files under {args.out}")
 
@@ -149,8 +179,16 @@ def cmd_benchmark(args):
     from .benchmark import run_benchmark, summarize
     from .io import atomic_path
 
-    tokens = [int(t) for t in args.tokens.split(",")]
+    try:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    except ValueError:
+        raise ValueError(f"--tokens {args.tokens!r}: give comma-separated whole numbers (256,1024,4096)") from None
+    _writable(args.out, "--out")  # before the timing, not after it
     rt = _runtime(args)  # the benchmark times fp32: eager unless --compile
+    if args.compile:
+        from .device import resolve_compile
+
+        resolve_compile(args.compile, "--compile")
     device = rt.device
     df = run_benchmark(args.variants.split(",") if args.variants else None, tokens,
                        max_softmax_tokens=args.max_softmax_tokens, batch=args.batch, heads=args.heads,

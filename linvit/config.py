@@ -27,14 +27,24 @@ class ConfigError(ValueError):
 def load_config(path: str | Path | None = None, text: str | None = None) -> dict:
     """A config from a YAML/JSON file, or from JSON text (what the Snakemake rules pass)."""
     if text is not None:
-        return json.loads(text)
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise ConfigError(f"--config-json: not valid JSON ({err})") from None
+        if not isinstance(data, dict):
+            raise ConfigError("--config-json: the text does not hold a mapping")
+        return data
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {str(err).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} does not hold a mapping")
     return data
@@ -50,11 +60,16 @@ def get(config: dict, dotted: str):
     return node
 
 
-def validate_schema(config: dict, schema_path: str | Path = SCHEMA) -> None:
+def validate_schema(config: dict, schema_path: str | Path = SCHEMA, *, partial: bool = False) -> None:
+    """The first schema error as a ConfigError naming its key. `partial`: a config given to one
+    step by hand (`linvit teacher --config FILE`) may leave out the top-level sections that step
+    does not read; what it holds is still checked (types, ranges, unknown keys)."""
     import jsonschema
 
     schema = yaml.safe_load(Path(schema_path).read_text())
     errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(config), key=lambda e: list(e.path))
+    if partial:
+        errors = [e for e in errors if e.path or e.validator != "required"]
     if errors:
         err = errors[0]
         where = ".".join(str(p) for p in err.path) or "(top level)"

@@ -94,6 +94,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _cli(args: argparse.Namespace) -> None:
+    if args.threads < 0:
+        raise ConvertError(f"--threads {args.threads}: give a positive number of threads (0: torch's choice)")
     if args.threads:
         import torch
 
@@ -279,11 +281,20 @@ def _config(args) -> dict:
     --steps (they are the config keys the steps read, so they are in each step's fingerprint)."""
     import copy
 
-    from .config import get, load_config
+    from .config import get, load_config, validate_schema
 
-    config = copy.deepcopy(load_config(args.config or DEFAULT_CONFIG))
+    path = args.config or DEFAULT_CONFIG
+    config = copy.deepcopy(load_config(path))
+    try:
+        validate_schema(config, partial=True)  # types and ranges, before any step
+    except ValueError as err:
+        raise ConvertError(f"{path}: {err}") from None
     for key in ("student.train", "distill.train", "init_strategies"):
         get(config, key)  # a config without training settings is one line naming the key
+    if args.bench_batch is not None and args.bench_batch < 1:
+        raise ConvertError(f"--bench-batch {args.bench_batch}: give a batch of 1 or more")
+    if not args.bench_seconds > 0:
+        raise ConvertError(f"--bench-seconds {args.bench_seconds}: give a time above 0")
     for flag, key, value in (("--distill-steps", "distill", args.distill_steps), ("--steps", "student", args.steps)):
         if value is not None:
             if not 1 <= value <= 10**8:
@@ -321,8 +332,13 @@ class _Stages:
     def start(self, name: str, text: str) -> None:
         _say(f"[{self.names.index(name) + 1}/{len(self.names)}] {name}: {text}")
 
-    def run(self, name: str, folder: Path, text: str, fn) -> dict:
+    def run(self, name: str, folder: Path, text: str, fn, settings: dict | None = None) -> dict:
+        """`settings`: what the step's metrics record of how it ran; a step done under others runs again."""
         done = None if self.ran else _done(folder)
+        changed = [k for k, v in (settings or {}).items() if done is not None and done.get(k) != v]
+        if changed:
+            done = None
+            text += f" (again: {changed[0]} changed)"
         self.start(name, text + (f" (done: {folder / 'metrics.json'} exists, skipped)" if done else ""))
         if done is not None:
             return done
@@ -435,12 +451,13 @@ def convert(args) -> dict:
 
     # evaluation
     eval_dir = out / "evaluate"
-    batch = args.bench_batch or config.get("evaluation", {}).get("throughput_batch", 64)
+    batch = args.bench_batch if args.bench_batch is not None else config.get("evaluation", {}).get("throughput_batch", 64)
     evaluation = stages.run("evaluate", eval_dir, f"accuracy on the test split of {dataset!r}, latency and peak "
                                                   f"memory on {_device_name(rt)}",
                             lambda: _evaluate(spec, info, shards, teacher_dir, teacher_arch, same_labels,
                                               reference_dir, call, rt, eval_dir, batch=batch,
-                                              seconds=args.bench_seconds))
+                                              seconds=args.bench_seconds),
+                            settings={"bench_batch": int(batch), "bench_seconds": float(args.bench_seconds)})
     summary = _summary(out, teacher, teacher_dir, request, strategy, same_labels, call, evaluation)
     for line in _closing_lines(summary):
         _say(line)
@@ -566,7 +583,7 @@ def _evaluate(spec, info, shards: Path, teacher_dir: Path, teacher_arch: dict, s
         k: v for k, v in call["kwargs"].items() if k not in _CALL_KEYS})
     bench = _benchmark({"baseline": (base, base_arch), "converted": (converted, converted_arch)}, example, rt,
                        batch=batch, seconds=seconds)
-    metrics = {"test_samples": data.num_samples("test"), "accuracy_precision": "fp32",
+    metrics = {"test_samples": data.num_samples("test"), "accuracy_precision": "fp32", "bench_seconds": float(seconds),
                "pipeline": "the whole image, normalized by the shards' statistics" if data.pipeline is None
                else "timm's evaluation transform (resize, center crop, normalize)",
                **result, **bench}

@@ -100,15 +100,23 @@ def write_safetensors(path: str | Path, tensors: dict) -> Path:
     return Path(path)
 
 
-def read_json(path: str | Path, what: str = "file") -> dict:
+def read_json(path: str | Path, what: str = "file", keys: tuple[str, ...] = ()) -> dict:
+    """A JSON file's object; with `keys`, each of them must be in it. Every failure is one line
+    naming the file (and the key)."""
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"{what} {path} does not exist") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         where = f" ({err.msg} at line {err.lineno})" if isinstance(err, json.JSONDecodeError) else ""
         raise ValueError(f"{what} {path} is not valid JSON{where}") from None
+    if keys and not isinstance(data, dict):
+        raise ValueError(f"{what} {path} does not hold a JSON object")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise ValueError(f"{what} {path} lacks key(s) {', '.join(map(repr, missing))}")
+    return data
 
 
 def file_sha256(path: str | Path) -> str:

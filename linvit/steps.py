@@ -274,6 +274,8 @@ def _teacher(config: dict, dataset: str, size: str, teacher_dir, shards_dir, run
         raise ValueError(f"teacher {teacher_dir} is size {arch.get('size')!r}, the student is {size!r}")
     spec = _dataset_spec(config, dataset)
     info = read_manifest(Path(shards_dir) / MANIFEST)
+    if info.get("dataset", dataset) != dataset:  # else a run of one dataset is filed under another's name
+        raise ValueError(f"shards {shards_dir} hold dataset {info['dataset']!r}, not {dataset!r}")
     image_size, channels = inputs.geometry(spec, arch, info)
     same_labels = spec.get("labels") == "teacher" or arch.get("dataset") == dataset
     check_fit(arch, teacher=f"{size} ({teacher_dir})", dataset=dataset, image_size=image_size,
@@ -489,7 +491,8 @@ def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path, runti
     runtime = runtime or cpu_runtime()
     run_dir = Path(run_dir)
     remove_stale_temps(Path(out_path).parent, Path(out_path).name)
-    metrics = read_json(run_dir / "metrics.json", what="run metrics")
+    named = ("dataset", "size", "variant", "init", "design", "budget", "seed")
+    metrics = read_json(run_dir / "metrics.json", what="run metrics", keys=named + ("test_acc",))
     model, _ = load_model(run_dir)
     data, teacher, _, _ = _teacher(config, metrics["dataset"], metrics["size"], teacher_dir, shards_dir, runtime)
     model, teacher = runtime.place(model), runtime.place(teacher)
@@ -498,7 +501,7 @@ def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path, runti
     x = runtime.batch(x)[0]
     attention = attention_report(teacher, model, x)
     batch = settings.get("throughput_batch", 64)
-    result = {k: metrics[k] for k in ("dataset", "size", "variant", "init", "design", "budget", "seed")}
+    result = {k: metrics[k] for k in named}
     result.update(test_acc=metrics["test_acc"], **attention,
                   fidelity_samples=len(x), **parameter_counts(model),
                   throughput_img_s=throughput(model, x, batch_size=batch, runtime=runtime),

@@ -108,6 +108,16 @@ def test_convert_a_teacher_folder_then_rerun(made, capsys, quiet_machine):
     assert (out / "student" / "model.safetensors").stat().st_mtime_ns == stamp
     assert json.loads((out / "summary.json").read_text())["accuracy"] == acc
 
+    # Another --bench-batch measures again: only the evaluation runs, the trained steps are kept.
+    code = main(["--teacher", str(made / "teacher"), "--variant", "elu", "--shards", str(made / "shards"),
+                 "--out", str(out), *FAST[:-4], "--bench-batch", "2", "--bench-seconds", "0.01"])
+    stdout = capsys.readouterr().out
+    assert code == 0
+    assert "[4/4] evaluate" in stdout and "again: bench_batch changed" in stdout
+    assert all("skipped" in line for line in stdout.splitlines() if line.startswith(("[2/", "[3/")))
+    assert {r["batch"] for r in json.loads((out / "summary.json").read_text())["speed"]} == {1, 2}
+    assert (out / "student" / "model.safetensors").stat().st_mtime_ns == stamp
+
     # Other settings into the same folder: refused, naming the folder, before anything runs.
     code = main(["--teacher", str(made / "teacher"), "--variant", "elu", "--shards", str(made / "shards"),
                  "--out", str(out), *FAST[:4], "--steps", "5"])

@@ -595,6 +595,9 @@ def read_manifest(path: Path) -> dict:
     for key in _REQUIRED_KEYS:
         if key not in info:
             raise DataError(f"{path}: shard manifest lacks key {key!r}")
+    wrong = _manifest_type_error(info)
+    if wrong:
+        raise DataError(f"{path}: shard manifest key {wrong}")
     for split, entry in info["splits"].items():
         try:
             consistent = sum(s["samples"] for s in entry["shards"]) == entry["samples"] and all(
@@ -604,6 +607,33 @@ def read_manifest(path: Path) -> dict:
         if not consistent:
             raise DataError(f"{path}: split {split!r} shard entries do not add up to {entry['samples']} samples")
     return info
+
+
+def _manifest_type_error(info: dict) -> str | None:
+    """What is wrong with the types of a manifest's fields (as `shards.write_shards` writes them),
+    or None: the readers index and do arithmetic with them, where a wrong type fails far away."""
+    def whole(v, low=1):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    def numbers(v):
+        return isinstance(v, list) and len(v) == info["channels"] and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+
+    size = info["image_size"]
+    if not whole(info["num_classes"]):
+        return f"'num_classes' is {info['num_classes']!r}, not a positive whole number"
+    if not isinstance(info["classes"], list) or len(info["classes"]) != info["num_classes"]:
+        return f"'classes' is not a list of its {info['num_classes']} class names"
+    if info["channels"] not in (1, 3) or isinstance(info["channels"], bool):
+        return f"'channels' is {info['channels']!r}, not 1 or 3"
+    if size is not None and not (isinstance(size, list) and len(size) == 2 and all(whole(s) for s in size)):
+        return f"'image_size' is {size!r}, not [height, width] (or null for images of mixed sizes)"
+    for key in ("mean", "std"):
+        if not numbers(info[key]):
+            return f"{key!r} is {info[key]!r}, not one number per channel"
+    if not isinstance(info["splits"], dict):
+        return "'splits' is not a mapping of split names to their shards"
+    return None
 
 
 # A tar block; headers, and the padding after each member's data, come in these.

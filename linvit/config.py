@@ -14,7 +14,7 @@ import yaml
 
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 REFERENCE_INIT = "reference"  # the init name of the softmax reference runs (linvit.grid.REFERENCE_INIT)
-# Sources that read a user's folder or file: their `path` is checked when the config is, before planning.
+# Sources that read a user's folder or file: a `path` is required when the config is checked, before planning.
 NEEDS_PATH = ("imagefolder", "cifar", "idx")
 REFERENCE_STRATEGY = {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": False}
 NO_DESIGN = "none"  # the design of a cell that does not distill (linvit.grid.Cell.design)
@@ -83,6 +83,33 @@ def _known(kind: str, key: str, names, known) -> None:
                           f"known {kind}s: {', '.join(sorted(known))}")
 
 
+# Keys of every dataset entry (the schema checks them), beside its source's own options.
+DATASET_KEYS = ("source", "labels", "transform")
+
+
+def check_source_options(name: str, spec: dict) -> None:
+    """A dataset entry's keys against its source's declared options (linvit.data.sources'
+    register_source): a misspelt key would otherwise be ignored, and a wrong value fail only in
+    the shards job, after Snakemake removed that job's earlier output."""
+    import jsonschema
+
+    from .registry import source_options
+
+    options = source_options(spec["source"])
+    if options is None:
+        return
+    unknown = sorted(set(spec) - set(DATASET_KEYS) - set(options))
+    if unknown:
+        raise ConfigError(f"config key datasets.{name}: unknown option(s) {', '.join(map(repr, unknown))} of source "
+                          f"{spec['source']!r}; known: {', '.join(sorted(options))}")
+    for key, fragment in options.items():
+        if key in spec:
+            try:
+                jsonschema.validate(spec[key], fragment)
+            except jsonschema.ValidationError as err:
+                raise ConfigError(f"config key datasets.{name}.{key}: {err.message}") from None
+
+
 def check_names(config: dict) -> None:
     """Every name the grid uses must exist: variants, sizes, datasets and their sources, inits, losses."""
     from .groups import GROUPS
@@ -111,6 +138,7 @@ def check_names(config: dict) -> None:
         if spec["source"] in NEEDS_PATH and "path" not in spec:
             raise ConfigError(f"config key datasets.{name}.path: source {spec['source']!r} reads the dataset from "
                               f"a folder you give (set it in the config, or in a second --configfile)")
+        check_source_options(name, spec)
     strategies = config["init_strategies"]
     if REFERENCE_INIT in strategies:
         # init_strategy() would silently replace it by the reference's, and its runs share its name.

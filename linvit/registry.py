@@ -44,6 +44,29 @@ def _declared(kind: str) -> frozenset[str]:
     return frozenset(names)
 
 
+@lru_cache(maxsize=None)
+def _declared_source_options() -> dict[str, dict | None]:
+    """Each source's `options=` literal in its @register_source call (None where it gives none)."""
+    decorator, pattern, _ = _KINDS["source"]
+    found = {}
+    for path in sorted(PACKAGE.glob(pattern)):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == decorator
+                    and node.args and isinstance(node.args[0], ast.Constant)):
+                given = [k.value for k in node.keywords if k.arg == "options"]
+                found[node.args[0].value] = ast.literal_eval(given[0]) if given else None
+    return found
+
+
+def source_options(source: str) -> dict | None:
+    """The options a data source declares (JSON-schema fragments by key; see register_source), as
+    registered in this process if its module is imported, else as read from its source file."""
+    module = sys.modules.get(_KINDS["source"][2][0])
+    if module is not None and source in module.SOURCE_OPTIONS:
+        return module.SOURCE_OPTIONS[source]
+    return _declared_source_options().get(source)
+
+
 def names(kind: str) -> list[str]:
     """Sorted names of `kind` ('variant', 'source' or 'loss') that a config may use; for losses the
     registered names only, not the old names of LOSS_ALIASES."""

@@ -212,9 +212,11 @@ def _finish(out_dir: Path, metrics: dict, config: dict, fingerprint: dict, tenso
 
 def run_shards(config: dict, dataset: str, out_dir: str | Path, workers: int | None = None) -> dict:
     """Write `dataset`'s shards with `workers` processes (default: min(4, CPUs))."""
+    from .config import check_source_options
     from .data.shards import write_shards
 
     spec = get(config, f"datasets.{dataset}")
+    check_source_options(dataset, spec)  # a misspelt option would be ignored, not refused
     shards = config.get("shards", {})
     return write_shards(dataset, spec, out_dir, seed=shards.get("seed", 0),
                         samples_per_shard=shards.get("samples_per_shard", 10000), workers=workers)

@@ -189,3 +189,13 @@ def test_a_bench_row_file_keeps_its_rows_when_a_later_run_is_refused(capsys, tmp
     shutil.copy(kept, tmp_path / "before.csv")
     code, _ = errors(capsys, ["bench", "loader", "--images", "0", "--shards", str(shards), "--out-dir", str(out)])
     assert code == 1 and kept.read_text() == (tmp_path / "before.csv").read_text()
+
+
+def test_shards_refuse_a_misspelt_dataset_option(capsys, tmp_path):
+    config = json.loads(json.dumps(BASE))
+    config["datasets"]["synthetic"]["train_sample"] = 192  # train_samples
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code, line = errors(capsys, ["shards", "--config", str(path), "--dataset", "synthetic", "--out", str(tmp_path / "s")])
+    assert code == 1 and "datasets.synthetic: unknown option(s) 'train_sample'" in line
+    assert not (tmp_path / "s").exists()

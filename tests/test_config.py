@@ -56,6 +56,30 @@ def test_the_schema_admits_every_setting_the_code_reads():
         validate(changed(runtime={"cpu_linear": "mkl"}))
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("train_sample", 192, "datasets.synthetic: unknown option(s) 'train_sample' of source 'synthetic'; known: "),
+    ("num_classes", "four", "datasets.synthetic.num_classes: 'four' is not of type 'integer'"),
+    ("train_samples", 0, "datasets.synthetic.train_samples: 0 is less than the minimum of 1"),
+    ("channels", 2, "datasets.synthetic.channels: 2 is not one of [1, 3]")])
+def test_a_datasets_options_are_checked_against_its_source(option, value, message):
+    config = changed(SMOKE, **{f"datasets__synthetic__{option}": value})
+    with pytest.raises(ConfigError) as err:
+        validate(config)
+    assert message in str(err.value)
+
+
+def test_a_source_registered_without_options_keeps_its_entries_unchecked():
+    from linvit.data import sources
+
+    sources.register_source("free_form_test")(lambda spec: None)
+    try:
+        from linvit.config import check_source_options
+
+        check_source_options("x", {"source": "free_form_test", "anything": [1, 2]})
+    finally:
+        del sources.SOURCES["free_form_test"], sources.SOURCE_OPTIONS["free_form_test"]
+
+
 def test_default_grid_covers_every_cell():
     cells = student_cells(DEFAULT)
     assert len(cells) == 2 * 1 * 1 * 6 * 1 * 3  # targets x sizes x variants x inits x budgets x seeds

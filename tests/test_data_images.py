@@ -238,12 +238,17 @@ def test_cifar10_from_the_archive_and_the_folder(tmp_path):
 def test_cifar100_fine_and_coarse(tmp_path):
     archive = _cifar_archive(tmp_path / "cifar-100-python.tar.gz", hundred=True)
     fine = load_raw("c", {"source": "cifar", "path": str(archive)})
-    coarse = load_raw("c", {"source": "cifar", "path": str(archive), "labels": "coarse"})
+    coarse = load_raw("c", {"source": "cifar", "path": str(archive), "label_set": "coarse"})
     assert len(fine.classes) == 100 and fine.classes[5] == "f5" and len(coarse.classes) == 20
     assert len(fine.splits["train"][1]) == len(coarse.splits["test"][1]) == 6
     assert not np.array_equal(fine.splits["train"][1], coarse.splits["train"][1])
-    with pytest.raises(DataError, match="'labels'"):
-        load_raw("c", {"source": "cifar", "path": str(archive), "labels": "medium"})
+    with pytest.raises(DataError, match="'label_set'"):
+        load_raw("c", {"source": "cifar", "path": str(archive), "label_set": "medium"})
+    # In a config, CIFAR-100's class set sits beside the dataset's `labels` (own or teacher), as
+    # `label_set`: both pass the config check.
+    from linvit.config import check_source_options
+
+    check_source_options("c100", {"source": "cifar", "path": "x", "labels": "own", "label_set": "coarse"})
 
 
 def test_cifar_refuses_pickles_that_build_other_objects(tmp_path):

@@ -17,6 +17,14 @@ def test_names_read_from_source_equal_the_imported_registries():
     assert _declared("loss") == set(LOSSES)
 
 
+def test_source_options_read_from_source_equal_the_registered_ones():
+    from linvit.data.sources import SOURCE_OPTIONS
+    from linvit.registry import _declared_source_options
+
+    assert _declared_source_options() == SOURCE_OPTIONS
+    assert all(options is not None for options in SOURCE_OPTIONS.values())  # every shipped source checks its keys
+
+
 def test_loss_aliases_name_registered_losses_and_are_not_listed():
     from linvit.losses import LOSSES, distill_loss
 

@@ -44,15 +44,23 @@ class RawData:
 
 
 SOURCES: dict[str, Callable[[dict], "RawData | EncodedData"]] = {}
+SOURCE_OPTIONS: dict[str, dict | None] = {}  # name -> its options' JSON-schema fragments (None: unchecked)
 
 
-def register_source(name: str):
-    """Register a source function under ``name`` (the value of a dataset's ``source`` key)."""
+def register_source(name: str, options: dict | None = None):
+    """Register a source function under ``name`` (the value of a dataset's ``source`` key).
+
+    `options`: the source's own keys of a dataset entry, each a JSON-schema fragment
+    ({"type": "integer", "minimum": 1}). Written as a literal dict in the decorator call, it is read
+    from this file without importing it (linvit.registry), and the config check refuses any other
+    key of such a dataset (besides `source`, `labels` and `transform`) and any value outside its
+    fragment, naming the key, before planning. None: the entry's other keys are not checked."""
 
     def decorate(fn: Callable[[dict], RawData]) -> Callable[[dict], RawData]:
         if name in SOURCES:
             raise ValueError(f"data source {name!r} is registered twice")
         SOURCES[name] = fn
+        SOURCE_OPTIONS[name] = options
         return fn
 
     return decorate
@@ -162,7 +170,10 @@ def _idx_names(spec: dict) -> dict[str, str]:
     return {key: spec.get(key, default) for key, default in IDX_FILES.items()}
 
 
-@register_source("idx")
+@register_source("idx", options={
+    "path": {"type": "string"}, "classes": {"type": "array", "items": {"type": "string"}},
+    "train_images": {"type": "string"}, "train_labels": {"type": "string"},
+    "test_images": {"type": "string"}, "test_labels": {"type": "string"}})
 def idx_source(spec: dict) -> RawData:
     """Any MNIST-format dataset in directory ``spec["path"]``."""
     if "path" not in spec:
@@ -206,7 +217,7 @@ def _download_fashion_mnist(cache: Path) -> str | None:
     return None
 
 
-@register_source("fashion_mnist")
+@register_source("fashion_mnist", options={"path": {"type": "string"}, "cache": {"type": "string"}})
 def fashion_mnist_source(spec: dict) -> RawData:
     """Fashion-MNIST from ``spec["path"]``, else the Debian package's directory, else the download cache."""
     names = dict(IDX_FILES)
@@ -233,7 +244,9 @@ def fashion_mnist_source(spec: dict) -> RawData:
 # Small built-in and generic sources.
 
 
-@register_source("digits")
+@register_source("digits", options={
+    "test_fraction": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+    "split_seed": {"type": "integer", "minimum": 0}, "image_size": {"type": "integer", "minimum": 8}})
 def digits_source(spec: dict) -> RawData:
     """scikit-learn's bundled 8x8 digits, resized to 28x28 uint8, with a fixed stratified split."""
     from sklearn.datasets import load_digits
@@ -289,7 +302,9 @@ def _image_files(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(folder).as_posix())
 
 
-@register_source("imagefolder")
+@register_source("imagefolder", options={
+    "path": {"type": "string"}, "channels": {"enum": [1, 3]}, "test_split": {"type": "string"},
+    "on_corrupt": {"enum": ["error", "skip"]}})
 def imagefolder_source(spec: dict) -> EncodedData:
     """``path/train/<class>/*`` and an evaluation folder ``path/test/<class>/*`` or ``path/val/<class>/*``
     (ImageNet's layout), kept as encoded files: the shards hold each file's original bytes.
@@ -409,10 +424,10 @@ def _names(d: dict, key: bytes, name: str, where: str) -> list[str]:
     return [n.decode() if isinstance(n, bytes) else str(n) for n in d[key]]
 
 
-@register_source("cifar")
+@register_source("cifar", options={"path": {"type": "string"}, "label_set": {"enum": ["fine", "coarse"]}})
 def cifar_source(spec: dict) -> RawData:
     """CIFAR-10 or CIFAR-100 from the python archive (``path`` = ``cifar-10-python.tar.gz`` /
-    ``cifar-100-python.tar.gz`` or the extracted folder). CIFAR-100: ``labels: fine`` (100 classes,
+    ``cifar-100-python.tar.gz`` or the extracted folder). CIFAR-100: ``label_set: fine`` (100 classes,
     default) or ``coarse`` (20). 32x32 RGB arrays; the shards store them as PNG (lossless)."""
     if "path" not in spec:
         raise DataError("source 'cifar' needs a 'path' key: cifar-10-python.tar.gz, cifar-100-python.tar.gz "
@@ -425,9 +440,9 @@ def cifar_source(spec: dict) -> RawData:
         test = _cifar_split(_cifar_dict(files, "test_batch", where), b"labels", "test_batch", where)
         classes = _names(_cifar_dict(files, "batches.meta", where), b"label_names", "batches.meta", where)
     elif "train" in files:
-        kind = spec.get("labels", "fine")
+        kind = spec.get("label_set", "fine")  # not `labels`: every dataset's own/teacher label space
         if kind not in ("fine", "coarse"):
-            raise DataError(f"cifar: key 'labels' must be 'fine' or 'coarse', got {kind!r}")
+            raise DataError(f"cifar: key 'label_set' must be 'fine' or 'coarse', got {kind!r}")
         key = f"{kind}_labels".encode()
         train = _cifar_split(_cifar_dict(files, "train", where), key, "train", where)
         test = _cifar_split(_cifar_dict(files, "test", where), key, "test", where)
@@ -437,7 +452,10 @@ def cifar_source(spec: dict) -> RawData:
     return RawData(splits={"train": train, "test": test}, classes=classes)
 
 
-@register_source("synthetic")
+@register_source("synthetic", options={
+    "num_classes": {"type": "integer", "minimum": 2}, "train_samples": {"type": "integer", "minimum": 1},
+    "test_samples": {"type": "integer", "minimum": 1}, "image_size": {"type": "integer", "minimum": 8},
+    "channels": {"enum": [1, 3]}, "seed": {"type": "integer", "minimum": 0}})
 def synthetic_source(spec: dict) -> RawData:
     """Tiny, deterministic and learnable: each class is a bright blob at its own spot, plus noise and jitter."""
     k = int(spec.get("num_classes", 4))

@@ -13,7 +13,9 @@ from pathlib import Path
 import yaml
 
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
-REFERENCE_INIT = "reference"  # the init name of the softmax reference runs (linvit.grid.REFERENCE_INIT)
+# The init name of the softmax reference runs (linvit.grid.REFERENCE_INIT): what identifies a reference
+# run (its variant is softmax, but so is a softmax control student's when `variants` lists softmax).
+REFERENCE_INIT = "reference"
 # Sources that read a user's folder or file: a `path` is required when the config is checked, before planning.
 NEEDS_PATH = ("imagefolder", "cifar", "idx")
 REFERENCE_STRATEGY = {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": False}
@@ -84,17 +86,62 @@ def _known(kind: str, key: str, names, known) -> None:
 
 
 # Keys of every dataset entry (the schema checks them), beside its source's own options.
-DATASET_KEYS = ("source", "labels", "transform")
+DATASET_KEYS = ("source", "labels", "transform", "classes")
+
+
+def classes_problem(classes, num_labels: int | None = None) -> str | None:
+    """What is wrong with a dataset's `classes` entry (None: nothing): it must be a non-empty list of
+    distinct labels (whole numbers from 0), below `num_labels` when that is known."""
+    if not isinstance(classes, list):
+        return f"{classes!r} is not a list of the source's labels to keep"
+    if not classes:
+        return "the list is empty; give the source's labels to keep (e.g. [5, 6, 7, 8, 9])"
+    for c in classes:
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            return f"{c!r} is not a label (a whole number from 0)"
+    seen = set()
+    for c in classes:
+        if c in seen:
+            return f"label {c} is listed twice"
+        seen.add(c)
+    if num_labels is not None:
+        outside = [c for c in classes if c >= num_labels]
+        if outside:
+            return (f"label{'s' if len(outside) > 1 else ''} {', '.join(map(str, outside))} "
+                    f"{'are' if len(outside) > 1 else 'is'} outside the source's labels 0..{num_labels - 1}")
+    return None
+
+
+def check_classes(name: str, spec: dict) -> None:
+    """A dataset entry's `classes` (the source's labels to keep, relabelled 0..k-1 in that order;
+    linvit.data.sources.select_classes): a non-empty list of distinct labels, inside the source's
+    labels where its declaration tells them before loading (else that is checked when loading)."""
+    if "classes" not in spec:
+        return
+    from .registry import source_num_labels
+
+    key = f"config key datasets.{name}.classes"
+    classes = spec["classes"]
+    problem = classes_problem(classes, source_num_labels(spec))
+    if problem:
+        if spec.get("source") == "idx" and isinstance(classes, list) and any(isinstance(c, str) for c in classes):
+            problem += "; the idx source's class names are its `class_names` option"
+        raise ConfigError(f"{key}: {problem}")
+    if spec.get("labels") == "teacher":
+        raise ConfigError(f"{key}: a subset of classes is relabelled 0..{len(classes) - 1}, so it cannot share the "
+                          f"teacher's label space (labels: teacher); leave `labels` out (own)")
 
 
 def check_source_options(name: str, spec: dict) -> None:
     """A dataset entry's keys against its source's declared options (linvit.data.sources'
     register_source): a misspelt key would otherwise be ignored, and a wrong value fail only in
-    the shards job, after Snakemake removed that job's earlier output."""
+    the shards job, after Snakemake removed that job's earlier output. Its `classes` too (every
+    source takes it)."""
     import jsonschema
 
     from .registry import source_options
 
+    check_classes(name, spec)
     options = source_options(spec["source"])
     if options is None:
         return
@@ -113,14 +160,12 @@ def check_source_options(name: str, spec: dict) -> None:
 def check_names(config: dict) -> None:
     """Every name the grid uses must exist: variants, sizes, datasets and their sources, inits, losses."""
     from .groups import GROUPS
-    from .registry import LOSS_ALIASES, SOFTMAX, names
+    from .registry import LOSS_ALIASES, names
     from .sizes import SIZES
 
-    if SOFTMAX in config["variants"]:
-        # Its students would share the softmax reference's rows (variant softmax) in every table.
-        raise ConfigError(f"config key variants: {SOFTMAX!r} is the teacher and the reference, not a linear "
-                          f"variant; list linear variants only")
-    _known("variant", "variants", config["variants"], [v for v in names("variant") if v != SOFTMAX])
+    # `softmax` among them is the control: softmax students initialized by the same strategies as the
+    # linear ones (init strategies' names; never the reference, whose init is REFERENCE_INIT).
+    _known("variant", "variants", config["variants"], names("variant"))
     teachers = config.get("teachers", {})
     _known("size", "sizes", config["sizes"], {*SIZES, *teachers})
     datasets = config["datasets"]

@@ -11,6 +11,8 @@ path functions take plain strings, so the rules pass Snakemake wildcards ("{size
                                                          stage 1: the student after distillation (rule distill)
     results/students/<dataset>/<size>/<variant>/<init>/<design>/steps<budget>/seed<s>/
                                                          stage 2: students and the softmax reference
+                                                         (.../softmax/reference/none/...); softmax
+                                                         control students: .../softmax/<init>/<design>/...
     results/logs/<rule>/...log, results/benchmarks/<rule>/...tsv   per job
     results/benchmark/attention.csv                      the operator benchmark (rule benchmark)
     results/runs.csv, results/curves.csv, report/...     the report (report_files)
@@ -24,14 +26,19 @@ from pathlib import Path
 from .config import NO_DESIGN, REFERENCE_INIT, budgets, designs
 from .registry import SOFTMAX
 
-REFERENCE_VARIANT = SOFTMAX  # the softmax reference runs the teacher's own attention
+# The softmax reference runs the teacher's own attention; it is identified by its init (REFERENCE_INIT),
+# never by this variant alone: `variants` may list softmax too, as a control (softmax students
+# initialized by the same strategies as the linear ones), whose cells are students like any other.
+REFERENCE_VARIANT = SOFTMAX
+CONTROL_VARIANT = SOFTMAX  # the variant of the control students, when `variants` lists it
 RESULTS = "results"
 REPORT = "report"
 
 
 @dataclass(frozen=True, order=True)
 class Cell:
-    """One trained model of the grid: a linear student, or the softmax reference (variant 'softmax').
+    """One trained model of the grid: a student (of a linear variant, or of softmax, the control), or
+    the softmax reference (init 'reference', variant 'softmax').
 
     `design` is the distillation design of a distilling init strategy ('none' for the others and the
     reference); `budget` the student's training steps (stage 2), which the reference gets too.
@@ -47,7 +54,13 @@ class Cell:
 
     @property
     def is_reference(self) -> bool:
-        return self.variant == REFERENCE_VARIANT
+        """The softmax reference: its init, not its variant (a softmax control student's is softmax too)."""
+        return self.init == REFERENCE_INIT
+
+    @property
+    def is_control(self) -> bool:
+        """A softmax student: the control of the softmax-to-linear transfer (`softmax` in `variants`)."""
+        return self.variant == CONTROL_VARIANT and not self.is_reference
 
     @property
     def key(self) -> str:
@@ -162,8 +175,9 @@ def report_files(with_benchmark: bool, report: str | Path = REPORT, results: str
 
 
 def student_cells(config: dict) -> list[Cell]:
-    """Every (target dataset, size, linear variant, init strategy, design, budget, seed) the config
-    asks for: a distilling init strategy once per design it takes (linvit.config.designs)."""
+    """Every (target dataset, size, variant, init strategy, design, budget, seed) the config asks for:
+    a distilling init strategy once per design it takes (linvit.config.designs). A softmax variant
+    gives the control students (their init a strategy's, never 'reference')."""
     return [Cell(d, s, v, i, int(seed), design, int(b))
             for d in config["targets"] for s in config["sizes"] for v in config["variants"]
             for i in config["inits"] for design in designs(config, i) for b in budgets(config)

@@ -45,26 +45,46 @@ def _declared(kind: str) -> frozenset[str]:
 
 
 @lru_cache(maxsize=None)
-def _declared_source_options() -> dict[str, dict | None]:
-    """Each source's `options=` literal in its @register_source call (None where it gives none)."""
+def _declared_source_keyword(keyword: str) -> dict:
+    """Each source's `keyword=` literal in its @register_source call (None where it gives none)."""
     decorator, pattern, _ = _KINDS["source"]
     found = {}
     for path in sorted(PACKAGE.glob(pattern)):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
             if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == decorator
                     and node.args and isinstance(node.args[0], ast.Constant)):
-                given = [k.value for k in node.keywords if k.arg == "options"]
+                given = [k.value for k in node.keywords if k.arg == keyword]
                 found[node.args[0].value] = ast.literal_eval(given[0]) if given else None
     return found
+
+
+def _declared_source_options() -> dict[str, dict | None]:
+    """Each source's `options=` literal in its @register_source call (None where it gives none)."""
+    return _declared_source_keyword("options")
+
+
+def _source_declaration(source: str, registry: str, keyword: str):
+    module = sys.modules.get(_KINDS["source"][2][0])
+    if module is not None and source in getattr(module, registry, {}):
+        return getattr(module, registry)[source]
+    return _declared_source_keyword(keyword).get(source)
 
 
 def source_options(source: str) -> dict | None:
     """The options a data source declares (JSON-schema fragments by key; see register_source), as
     registered in this process if its module is imported, else as read from its source file."""
-    module = sys.modules.get(_KINDS["source"][2][0])
-    if module is not None and source in module.SOURCE_OPTIONS:
-        return module.SOURCE_OPTIONS[source]
-    return _declared_source_options().get(source)
+    return _source_declaration(source, "SOURCE_OPTIONS", "options")
+
+
+def source_num_labels(spec: dict) -> int | None:
+    """How many labels the source of dataset entry `spec` gives, when its `num_labels` declaration
+    (see register_source) says so without loading it: a number, or the option that sets it (with
+    the option's declared default); None when only loading the data tells."""
+    declared = _source_declaration(spec.get("source"), "SOURCE_LABELS", "num_labels")
+    if isinstance(declared, str):
+        default = ((source_options(spec.get("source")) or {}).get(declared) or {}).get("default")
+        declared = spec.get(declared, default)
+    return declared if isinstance(declared, int) and not isinstance(declared, bool) else None
 
 
 def names(kind: str) -> list[str]:

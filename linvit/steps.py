@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from . import inputs
-from .config import NO_DESIGN, design_spec, get, init_strategy, pretrained
+from .config import NO_DESIGN, REFERENCE_INIT, design_spec, get, init_strategy, pretrained
 from .data.loader import ShardSet, read_manifest
 from .data.shards import MANIFEST
 from .device import Runtime, cpu_runtime
@@ -417,9 +417,13 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     `task_weight`, default 1) plus the strategy's `train_losses` against the teacher; logit terms
     read `kd_dir`'s model when given (the softmax reference, for a target of other labels).
 
-    variant 'softmax' with init 'reference' is the softmax reference: the teacher trained on the
-    target with the students' budget.
+    Init 'reference' (variant 'softmax') is the softmax reference: the teacher trained on the target
+    with the students' budget. Variant 'softmax' with an init strategy is a control student: a
+    softmax ViT initialized (and distilled) like the linear students.
     """
+    if init == REFERENCE_INIT and variant != SOFTMAX:
+        raise ValueError(f"init {REFERENCE_INIT!r} is the softmax reference: its variant is {SOFTMAX!r}, "
+                         f"not {variant!r}")
     runtime = runtime or cpu_runtime()
     out_dir = _start(out_dir, runtime)
     strategy = init_strategy(config, init)

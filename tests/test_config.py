@@ -82,9 +82,11 @@ def test_a_source_registered_without_options_keeps_its_entries_unchecked():
 
 def test_default_grid_covers_every_cell():
     cells = student_cells(DEFAULT)
-    assert len(cells) == 2 * 1 * 1 * 6 * 1 * 3  # targets x sizes x variants x inits x budgets x seeds
-    assert {c.init for c in cells} == {"random", "copy_all", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill"}
-    assert {c.budget for c in cells} == {200} and {c.seed for c in cells} == {0, 1, 2}
+    assert len(cells) == 1 * 1 * 2 * 7 * 1 * 5  # targets x sizes x variants (elu, softmax) x inits x budgets x seeds
+    assert {c.init for c in cells} == {"random", "copy_all", "copy_attn", "copy_mlp", "attn_only", "mlp_only",
+                                       "copy_mlp_distill"}
+    assert {c.variant for c in cells} == {"elu", "softmax"} and not any(c.is_reference for c in cells)
+    assert {c.budget for c in cells} == {200} and {c.seed for c in cells} == {0, 1, 2, 3, 4}
     assert {c.design for c in cells} == {"none", "proj_mse"}
 
 
@@ -104,7 +106,7 @@ def test_budgets_default_to_the_students_steps():
 
 
 @pytest.mark.parametrize("updates, message", [
-    ({"variants": ["nope"]}, r"config key variants: unknown variant 'nope'; known variants: " + ", ".join(v for v in available_variants() if v != "softmax")),
+    ({"variants": ["nope"]}, r"config key variants: unknown variant 'nope'; known variants: " + ", ".join(available_variants())),
     ({"sizes": ["huge"]}, r"config key sizes: unknown size 'huge'; known sizes: .*micro"),
     ({"targets": ["cifar"]}, r"config key targets: unknown dataset 'cifar'; known datasets: digits, fashion_mnist"),
     ({"inits": ["copy_everything"]}, r"config key inits: unknown init strategy 'copy_everything'"),
@@ -113,7 +115,8 @@ def test_budgets_default_to_the_students_steps():
     ({"datasets__digits__source": "svhn"}, r"datasets.digits.source: unknown source 'svhn'"),
     ({"student__train__steps": "many"}, r"config key student.train.steps: 'many' is not of type 'integer'"),
     ({"seeds": None}, r"'seeds' is a required property"),
-    ({"variants": ["elu", "softmax"]}, r"config key variants: 'softmax' is the teacher and the reference, not a linear variant"),
+    # softmax is a variant (the control students); 'reference' stays the reference's own init name.
+    ({"variants": ["elu", "softmax", "nope"]}, r"config key variants: unknown variant 'nope'; known variants: .*softmax"),
     ({"init_strategies__reference": {"copy": [], "distill": False}},
      r"config key init_strategies: 'reference' names the softmax reference runs"),
     ({"student__train__steps": 10**8 + 1}, r"config key student.train.steps: 100000001 is greater than the maximum"),

@@ -5,6 +5,7 @@ crossed with the designs proj_mse (its primary design, the first of `distills`) 
 copies nothing but adds logit KD (so it is not the random role, though it comes first in inits);
 lolcats names one fixed design. Accuracies are chosen so that at 100 steps C1 and C3 fail (C3 would
 hold with map_ce, which the claims do not use) and at 400 steps every claim holds; C2 holds at both.
+Every role moves alike with the seed, so paired differences are exact (min_seeds 2).
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ from linvit.config import NO_DESIGN
 from linvit.grid import Cell, all_cells, benchmark_path, distill_cells, distill_key
 from linvit.report import collect, collect_benchmarks, evaluate_claims, summarize, write_report
 from linvit.report.aggregate import attention_records
-from linvit.report.claims import designs_table, resolve_roles
+from linvit.report.roles import resolve_roles
+from linvit.report.stats import FAILS, HOLDS
+from linvit.report.tables import designs_table
 from test_report_cost import tsv
 
 DEIT = {"copy": [], "distill": False, "task_weight": 0.5, "train_losses": [{"loss": "logit_kd", "weight": 0.5}]}
 GRID = {
     **CONFIG, "targets": ["dsA"], "variants": ["linA"], "seeds": [0, 1], "budgets": [100, 400],
-    "inits": ["deit_kd", "random", "copy_all", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill", "lolcats"],
+    "inits": ["deit_kd", "random", "copy_all", "copy_attn", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill",
+              "lolcats"],
     "distills": ["proj_mse", "map_ce"],
     "distill_designs": {"proj_mse": {"losses": ["proj_mse"]},
                         "map_ce": {"losses": ["map_ce"], "description": "Hedgehog: map cross-entropy"},
@@ -38,9 +42,10 @@ GRID = {
 REFERENCE = {100: 0.60, 400: 0.80}
 ACC = {
     100: {("random", NO_DESIGN): 0.40, ("copy_all", NO_DESIGN): 0.60, ("copy_mlp", NO_DESIGN): 0.52,
-          ("attn_only", NO_DESIGN): 0.50, ("mlp_only", NO_DESIGN): 0.45, ("copy_mlp_distill", "proj_mse"): 0.58,
+          ("copy_attn", NO_DESIGN): 0.45, ("attn_only", NO_DESIGN): 0.50, ("mlp_only", NO_DESIGN): 0.52, ("copy_mlp_distill", "proj_mse"): 0.58,
           ("copy_mlp_distill", "map_ce"): 0.62, ("deit_kd", NO_DESIGN): 0.30, ("lolcats", "lolcats"): 0.55},
     400: {("random", NO_DESIGN): 0.50, ("copy_all", NO_DESIGN): 0.70, ("copy_mlp", NO_DESIGN): 0.68,
+          ("copy_attn", NO_DESIGN): 0.55,
           ("attn_only", NO_DESIGN): 0.48, ("mlp_only", NO_DESIGN): 0.62, ("copy_mlp_distill", "proj_mse"): 0.81,
           ("copy_mlp_distill", "map_ce"): 0.70, ("deit_kd", NO_DESIGN): 0.55, ("lolcats", "lolcats"): 0.75},
 }
@@ -75,8 +80,8 @@ def verdicts(tree):
 def test_cells_and_paths_carry_design_and_budget(tree):
     results, _, _ = tree
     runs, curves = collect(GRID, results)
-    # 2 budgets x 2 seeds x (1 reference + 7 single-design strategies + the recipe under 2 designs)
-    assert len(runs) == 2 * 2 * (1 + 7 + 2) and (runs["status"] == "ok").all()
+    # 2 budgets x 2 seeds x (1 reference + 8 single-design strategies + the recipe under 2 designs)
+    assert len(runs) == 2 * 2 * (1 + 8 + 2) and (runs["status"] == "ok").all()
     assert set(runs["budget"]) == {100, 400} and set(curves["budget"]) == {100, 400}
     pairs = set(zip(runs["init"], runs["design"]))
     assert {("copy_mlp_distill", "proj_mse"), ("copy_mlp_distill", "map_ce"), ("lolcats", "lolcats"),
@@ -99,7 +104,7 @@ def test_summary_and_gap_closed_per_budget(tree):
     assert summary.loc[("reference", NO_DESIGN, 400), "test_acc_mean"] == pytest.approx(0.80)
     assert summary.loc[("copy_mlp_distill", "map_ce", 100), "n_seeds"] == 2
     # Rows in the config's order: per budget, the reference first.
-    assert list(summary.index.get_level_values("budget")[:10]) == [100] * 10
+    assert list(summary.index.get_level_values("budget")[:11]) == [100] * 11
     assert summary.index[0] == ("reference", NO_DESIGN, 100)
 
 
@@ -112,18 +117,17 @@ def test_roles_skip_strategies_with_training_losses():
 
 def test_claims_per_budget(verdicts):
     c1, c2, c3, c4 = (verdicts[c] for c in ("C1", "C2", "C3", "C4"))
-    assert [(c.budget, c.holds) for c in c1.cells] == [(100, False), (400, True)]
-    assert c1.cells[0].numbers["strict_fraction"] == pytest.approx(0.5)
-    assert c1.verdict == "mixed (1 hold, 1 fail, 0 inconclusive); at 100 steps not supported, at 400 steps supported"
+    assert [(c.budget, c.outcome) for c in c1.cells] == [(100, FAILS), (400, HOLDS)]
+    assert c1.cells[0].test("attn_alone").estimate == pytest.approx(0.5)
+    assert c1.verdict == "mixed (1 holds, 1 fails); at 100 steps not supported, at 400 steps supported"
     assert c2.verdict == "supported at every budget (100, 400 steps)"
-    assert [(b["budget"], b["holds_in"], b["evaluable"]) for b in c2.by_budget] == [(100, 1, 1), (400, 1, 1)]
+    assert [(b["budget"], b["counts"][HOLDS]) for b in c2.by_budget] == [(100, 1), (400, 1)]
     # C3 uses the recipe's primary design (proj_mse, 0.58 < 0.60 at 100 steps), not the better map_ce.
-    assert [c.holds for c in c3.cells] == [False, True]
-    assert "copy_mlp_distill (design proj_mse) 58.00%" in c3.cells[0].text
+    assert [c.outcome for c in c3.cells] == [FAILS, HOLDS]
+    assert c3.cells[0].test("matches").estimate == pytest.approx(0.58 - 0.60)
     assert c3.designs == {"copy_mlp_distill": "proj_mse"}
-    assert c4.verdict == "not evaluable: the grid spans a single dataset, size and variant"
+    assert c4.verdict == "not tested: the grid varies no dataset, size or linear variant"
     assert all(b["verdict"] == c4.verdict for b in c4.by_budget)
-    assert "at 2 budgets (100, 400 steps)" in c4.detail
 
 
 def test_designs_table_at_equal_distillation_compute(tree):
@@ -152,11 +156,10 @@ def test_readme_budgets_designs_and_baselines(tree):
     assert "  - `deit_kd`: copies nothing; no distillation; trains on task x0.5 + logit_kd x0.5" in readme
     assert "  - `lolcats`: copies embed, attn, mlp, norm, head; distilled by the fixed design `lolcats`" in readme
     assert "| claim | 100 steps | 400 steps |" in readme
-    assert ("| C1 | not supported: 0 hold, 1 fail, 0 inconclusive of 1 cells | supported: 1 hold, 0 fail, 0 inconclusive "
-            "of 1 cells |") in readme
-    assert "| C4 | not evaluable | not evaluable |" in readme
-    assert ("**Verdict: mixed (1 hold, 1 fail, 0 inconclusive); at 100 steps not supported, at 400 steps "
-            "supported.**" in readme)
+    assert "| C1 | not supported | supported |" in readme
+    assert ("| C4 | not tested: the grid varies no dataset, size or linear variant | not tested: the grid varies "
+            "no dataset, size or linear variant |") in readme
+    assert "**Verdict: mixed (1 holds, 1 fails); at 100 steps not supported, at 400 steps supported.**" in readme
     assert "`deit_kd` copies the same but trains with added losses: a baseline, not this role" in readme
     designs = re.sub(r" +", " ", readme.split("## Distillation designs and baselines")[1].split("\n## ")[0])
     assert "All rows: cell dsA/tiny/linA." in designs
@@ -167,7 +170,7 @@ def test_readme_budgets_designs_and_baselines(tree):
     assert "Not at equal distillation compute" not in designs
     summary = re.sub(r" +", " ", readme.split("## Summary")[1].split("\n## ")[0])
     assert "| dsA | tiny | linA | 400 | copy_mlp_distill | map_ce | 2/2 | 70.00% ± 1.41 pp | 0.667 |" in summary
-    assert "`dsA/tiny/linA/steps400`: holds" in readme
+    assert "| `dsA/tiny/linA/steps400` | **claim** | | | | **holds** | | |" in readme
     assert written
 
 
@@ -244,17 +247,17 @@ def test_attention_records_from_eval_json(tmp_path):
 
 
 def test_the_overall_verdict_names_the_budgets():
-    from linvit.report.claims import CellVerdict, _overall, _per_budget
+    from linvit.report.claims import NOT_EVALUABLE, CellVerdict, _overall, _per_budget
 
-    def verdict(holds: list[bool | None]):
-        cells = [CellVerdict("C2", "dsA", "tiny", "linA", b, h, "") for b, h in zip([100, 100, 400, 400], holds)]
-        v = _overall("C2", cells, [])
+    def verdict(outcomes: list[str]):
+        cells = [CellVerdict("C2", "dsA", "tiny", "linA", b, o) for b, o in zip([100, 100, 400, 400], outcomes)]
+        v = _overall("C2", "", cells, [])
         _per_budget(v, [], GRID)
         return v.verdict
 
-    assert verdict([False, False, False, False]) == "not supported at any budget (100, 400 steps)"
-    assert verdict([True, True, True, True]) == "supported at every budget (100, 400 steps)"
-    assert verdict([True, False, True, True]) == (
-        "mixed (3 hold, 1 fail, 0 inconclusive); at 100 steps mixed (1 hold, 1 fail, 0 inconclusive), at 400 steps "
-        "supported")
-    assert verdict([None, None, True, True]) == "supported; at 100 steps not evaluable, at 400 steps supported"
+    assert verdict([FAILS] * 4) == "not supported at any budget (100, 400 steps)"
+    assert verdict([HOLDS] * 4) == "supported at every budget (100, 400 steps)"
+    assert verdict([HOLDS, FAILS, HOLDS, HOLDS]) == (
+        "mixed (3 holds, 1 fails); at 100 steps mixed (1 holds, 1 fails), at 400 steps supported")
+    assert verdict([NOT_EVALUABLE, NOT_EVALUABLE, HOLDS, HOLDS]) == (
+        "supported; at 100 steps not evaluable, at 400 steps supported")

@@ -48,9 +48,10 @@ def test_half_written_train_jsonl_line_lists_the_cell(tmp_path):
     assert runs.loc["attn_only", "reason"].startswith(f"{path}:3: not valid JSON")
     assert f"`{cell('attn_only').key}` (invalid): {path}:3: not valid JSON" in readme
     assert (runs.drop(index="attn_only")["status"] == "ok").all()
-    # The other cells still make the verdicts; C1 needs attn_only, so it says which results are missing.
-    assert "**Verdict: supported.**" in readme  # C2
-    assert "missing results for attn_only" in readme
+    # The other cells still make the verdicts (one seed: too few to decide); C1's tests that need
+    # attn_only say which results are missing.
+    assert "**Verdict: too few seeds.**" in readme  # C3
+    assert "no finished run of attn_only" in readme
 
 
 def test_unreadable_metrics_or_eval_name_the_file(tmp_path):

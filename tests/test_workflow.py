@@ -75,11 +75,11 @@ def job_counts(output: str) -> dict[str, int]:
 def test_dry_run_plans_one_student_job_per_cell(tmp_path):
     out = snakemake(tmp_path, "-n", "--cores", "2")
     counts = job_counts(out.stdout)
-    # 2 datasets x 1 size x 1 variant x 6 inits x 1 budget x 3 seeds
-    assert counts["student"] == 36
-    assert counts["reference"] == 2 * 3 and counts["teacher"] == 1 and counts["shards"] == 2
-    assert counts["distill"] == 2 * 3  # one per dataset and seed for the distilling strategy
-    assert counts["evaluate"] == 42 and counts["report"] == 1
+    # 1 target x 1 size x 2 variants (elu and the softmax control) x 7 inits x 1 budget x 5 seeds
+    assert counts["student"] == 70
+    assert counts["reference"] == 5 and counts["teacher"] == 1 and counts["shards"] == 2  # target + teacher's
+    assert counts["distill"] == 2 * 5  # one per variant and seed for the distilling strategy
+    assert counts["evaluate"] == 75 and counts["report"] == 1
     assert {k: v for k, v in counts.items() if k != "total"} == expected_jobs(DEFAULT)
     assert "No validator found" not in out.stdout + out.stderr  # snakemake.utils.validate's draft-07 warning
     assert not (tmp_path / "results").exists()
@@ -222,7 +222,9 @@ def test_planning_the_workflow_imports_neither_torch_nor_timm(tmp_path):
     (lambda c: c.pop("seeds"), "'seeds' is a required property"),
     (lambda c: c.update(seeds=3), "config key seeds: 3 is not of type 'array'"),
     (lambda c: c.update(sizes="micro"), "config key sizes: 'micro' is not of type 'array'"),
-    (lambda c: c.update(variants=["softmax"]), "config key variants: 'softmax' is the teacher and the reference"),
+    (lambda c: c.update(variants=["softmax", "nope"]), "config key variants: unknown variant 'nope'"),
+    (lambda c: c["datasets"]["synthetic"].update(classes=[1, 1]), "config key datasets.synthetic.classes: label 1 is "
+                                                                    "listed twice"),
 ])
 def test_config_error_is_one_line_naming_the_key(tmp_path, change, key):
     config = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
@@ -244,7 +246,7 @@ def test_unknown_variant_fails_before_any_job(tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
     out = snakemake(tmp_path, "--cores", "1", "--configfile", str(tmp_path / "bad.yaml"), check=False)
     assert out.returncode != 0
-    known = ", ".join(v for v in available_variants() if v != "softmax")
+    known = ", ".join(available_variants())  # softmax included: the control students
     assert f"config key variants: unknown variant 'nope'; known variants: {known}" in out.stdout + out.stderr
     assert not (tmp_path / "results").exists()
 

@@ -17,6 +17,10 @@ complete. Two formats:
   1000 training images (``STATS_IMAGES``), seeded by the shard seed; ``image_size`` is the common
   ``[h, w]`` if every image has it, else null.
 
+A dataset with ``classes`` (a subset of its source's labels; applied by ``sources.load_raw``) has the
+subset's classes and count in the manifest, plus ``source_labels`` (the source's label of each), and
+the subset is part of every shard's inputs, so shards of another subset are rewritten, never kept.
+
 Shards are independent and written by a process pool (``workers``; default min(4, CPUs)). The order
 of the samples and their split into shards is decided, seeded, before anything is written, and tar
 mtimes and owners are fixed, so the same inputs give byte-identical shards and manifest whatever
@@ -241,6 +245,19 @@ def _check_image(file: str, channels: int, in_stats: bool):
     return data, (size, pixels), None
 
 
+def _subset(spec: dict) -> list[int] | None:
+    """The dataset's `classes` (the source's labels it keeps, in order; None: all): part of every
+    shard's inputs, so shards of another subset are never kept on a rerun."""
+    classes = spec.get("classes")
+    return None if classes is None else [int(c) for c in classes]
+
+
+def _subset_field(spec: dict) -> dict:
+    """The manifest's `source_labels`: the source's label of each class (only for a `classes` subset)."""
+    classes = _subset(spec)
+    return {} if classes is None else {"source_labels": classes}
+
+
 def _digest(*parts) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -268,7 +285,8 @@ def _write_arrays(name: str, spec: dict, raw: RawData, out_dir: Path, seed: int,
             chunk_images, chunk_labels = np.ascontiguousarray(images[chunk]), [int(v) for v in labels[chunk]]
             job = _Job(out_dir=str(out_dir), name=f"{split}-{i:04d}.tar", dataset=name, format="png",
                        keys=keys, labels=chunk_labels, images=chunk_images,
-                       inputs=_digest("png", keys, chunk_labels, str(chunk_images.shape), chunk_images.tobytes()))
+                       inputs=_digest("png", _subset(spec), keys, chunk_labels, str(chunk_images.shape),
+                                      chunk_images.tobytes()))
             shards_of[split].append(len(jobs))
             jobs.append(job)
     records = _run_jobs(jobs, workers)
@@ -283,6 +301,7 @@ def _write_arrays(name: str, spec: dict, raw: RawData, out_dir: Path, seed: int,
         "seed": seed,
         "classes": list(raw.classes),
         "num_classes": len(raw.classes),
+        **_subset_field(spec),
         "image_size": list(image_size),
         "channels": channels,
         "mean": mean,
@@ -360,7 +379,7 @@ def _write_encoded(name: str, spec: dict, raw: EncodedData, out_dir: Path, seed:
                 described.append([relpath, int(label), stats, st.st_size, st.st_mtime_ns])
             job = _Job(out_dir=str(out_dir), name=f"{split}-{i:04d}.tar", dataset=name, format="encoded",
                        keys=keys, labels=labels, files=files, channels=raw.channels, on_corrupt=on_corrupt,
-                       inputs=_digest("encoded", raw.channels, on_corrupt, keys, described))
+                       inputs=_digest("encoded", _subset(spec), raw.channels, on_corrupt, keys, described))
             shards_of[split].append(len(jobs))
             jobs.append(job)
     records = _run_jobs(jobs, workers)
@@ -381,6 +400,7 @@ def _write_encoded(name: str, spec: dict, raw: EncodedData, out_dir: Path, seed:
         "seed": seed,
         "classes": list(raw.classes),
         "num_classes": len(raw.classes),
+        **_subset_field(spec),
         "image_size": list(next(iter(sizes))) if len(sizes) == 1 and None not in sizes else None,
         "channels": raw.channels,
         "mean": mean,

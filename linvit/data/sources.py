@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
+from linvit.config import classes_problem
 from linvit.io import atomic_path, remove_stale_temps
 
 
@@ -45,22 +46,29 @@ class RawData:
 
 SOURCES: dict[str, Callable[[dict], "RawData | EncodedData"]] = {}
 SOURCE_OPTIONS: dict[str, dict | None] = {}  # name -> its options' JSON-schema fragments (None: unchecked)
+SOURCE_LABELS: dict[str, int | str | None] = {}  # name -> its number of labels, if known before loading
 
 
-def register_source(name: str, options: dict | None = None):
+def register_source(name: str, options: dict | None = None, num_labels: int | str | None = None):
     """Register a source function under ``name`` (the value of a dataset's ``source`` key).
 
     `options`: the source's own keys of a dataset entry, each a JSON-schema fragment
     ({"type": "integer", "minimum": 1}). Written as a literal dict in the decorator call, it is read
     from this file without importing it (linvit.registry), and the config check refuses any other
-    key of such a dataset (besides `source`, `labels` and `transform`) and any value outside its
-    fragment, naming the key, before planning. None: the entry's other keys are not checked."""
+    key of such a dataset (besides `source`, `labels`, `transform` and `classes`) and any value
+    outside its fragment, naming the key, before planning. None: the entry's other keys are not checked.
+
+    `num_labels`: how many labels the source gives, when that is known from the config alone (a
+    literal too): a number, or the name of the option that sets it (its fragment's `default` when
+    absent). The config check then refuses a `classes` entry outside them before planning; for
+    the other sources (None) that is found when the data is loaded."""
 
     def decorate(fn: Callable[[dict], RawData]) -> Callable[[dict], RawData]:
         if name in SOURCES:
             raise ValueError(f"data source {name!r} is registered twice")
         SOURCES[name] = fn
         SOURCE_OPTIONS[name] = options
+        SOURCE_LABELS[name] = num_labels
         return fn
 
     return decorate
@@ -70,7 +78,11 @@ def load_raw(name: str, spec: dict) -> RawData | EncodedData:
     """Load dataset ``name`` as its config entry ``spec`` says, checking the result's shape.
 
     Array sources give `RawData` (written as PNG shards); file sources (``imagefolder``) give
-    `EncodedData` (shards that keep each file's original bytes)."""
+    `EncodedData` (shards that keep each file's original bytes). With a ``classes`` key (a list of
+    the source's labels), only those classes' samples are kept, in every split, relabelled 0..k-1
+    in the order given, their class names following them (`select_classes`): everything that reads
+    the data (shards, their manifest's class count and names, the models' heads, predictions) sees
+    the subset."""
     source = spec.get("source")
     if source not in SOURCES:
         raise DataError(f"dataset {name!r}: unknown source {source!r} (known: {', '.join(sorted(SOURCES))})")
@@ -78,9 +90,39 @@ def load_raw(name: str, spec: dict) -> RawData | EncodedData:
     if isinstance(raw, EncodedData):
         if "train" not in raw.splits or not all(raw.splits.values()):
             raise DataError(f"dataset {name!r}: source gave no 'train' split or an empty split")
-        return raw
-    _check_raw(name, raw)
+    else:
+        _check_raw(name, raw)
+    if spec.get("classes") is not None:
+        raw = select_classes(name, raw, spec["classes"])
     return raw
+
+
+def select_classes(name: str, raw: RawData | EncodedData, classes: list[int]) -> RawData | EncodedData:
+    """`raw` with only the samples whose label is in `classes` (every split), relabelled to the
+    label's position in `classes`; class names in that order. A problem is a DataError naming the
+    config key datasets.<name>.classes."""
+    key = f"config key datasets.{name}.classes"
+    problem = classes_problem(classes, len(raw.classes))
+    if problem:
+        raise DataError(f"{key}: {problem}")
+    new_label = np.full(len(raw.classes), -1, dtype=np.int64)
+    new_label[np.asarray(classes, dtype=np.int64)] = np.arange(len(classes))
+    names = [raw.classes[c] for c in classes]
+    if isinstance(raw, EncodedData):
+        splits = {split: [(file, rel, int(new_label[label])) for file, rel, label in items if new_label[label] >= 0]
+                  for split, items in raw.splits.items()}
+        empty = [split for split, items in splits.items() if not items]
+    else:
+        splits = {}
+        for split, (x, y) in raw.splits.items():
+            keep = new_label[y] >= 0
+            splits[split] = (x[keep], new_label[y[keep]])
+        empty = [split for split, (_, y) in splits.items() if len(y) == 0]
+    if empty:
+        raise DataError(f"{key}: split {empty[0]!r} has no sample of labels {', '.join(map(str, classes))}")
+    if isinstance(raw, EncodedData):
+        return EncodedData(splits=splits, classes=names, channels=raw.channels, root=raw.root)
+    return RawData(splits=splits, classes=names)
 
 
 def _check_raw(name: str, raw: RawData) -> None:
@@ -144,6 +186,7 @@ def _missing_idx(directory: Path, names: dict[str, str]) -> list[str]:
 
 
 def _load_idx_dir(directory: Path, names: dict[str, str], classes: list[str] | None) -> RawData:
+    """The four IDX files of `directory`; `classes`: the class names (label order), else "0", "1", ..."""
     splits = {}
     for split, prefix in (("train", "train"), ("test", "test")):
         img_path = _find_idx(directory, names[f"{prefix}_images"])
@@ -161,7 +204,7 @@ def _load_idx_dir(directory: Path, names: dict[str, str], classes: list[str] | N
     if classes is None:
         classes = [str(i) for i in range(k)]
     elif len(classes) < k:
-        raise DataError(f"{directory}: labels go up to {k - 1} but the 'classes' key names only {len(classes)}")
+        raise DataError(f"{directory}: labels go up to {k - 1} but the 'class_names' key names only {len(classes)}")
     return RawData(splits=splits, classes=list(classes))
 
 
@@ -171,18 +214,19 @@ def _idx_names(spec: dict) -> dict[str, str]:
 
 
 @register_source("idx", options={
-    "path": {"type": "string"}, "classes": {"type": "array", "items": {"type": "string"}},
+    "path": {"type": "string"}, "class_names": {"type": "array", "items": {"type": "string"}},
     "train_images": {"type": "string"}, "train_labels": {"type": "string"},
     "test_images": {"type": "string"}, "test_labels": {"type": "string"}})
 def idx_source(spec: dict) -> RawData:
-    """Any MNIST-format dataset in directory ``spec["path"]``."""
+    """Any MNIST-format dataset in directory ``spec["path"]``; ``class_names``: its classes' names in
+    label order (default "0", "1", ...). (``classes``, every source's key, keeps a subset of labels.)"""
     if "path" not in spec:
         raise DataError("source 'idx' needs a 'path' key: the directory holding the four IDX files")
     directory = Path(spec["path"]).expanduser()
     missing = _missing_idx(directory, _idx_names(spec))
     if missing:
         raise MissingDataError(f"{directory} (key 'path'): missing {', '.join(missing)} (.gz or not)")
-    return _load_idx_dir(directory, _idx_names(spec), spec.get("classes"))
+    return _load_idx_dir(directory, _idx_names(spec), spec.get("class_names"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,7 +261,8 @@ def _download_fashion_mnist(cache: Path) -> str | None:
     return None
 
 
-@register_source("fashion_mnist", options={"path": {"type": "string"}, "cache": {"type": "string"}})
+@register_source("fashion_mnist", options={"path": {"type": "string"}, "cache": {"type": "string"}},
+                 num_labels=10)
 def fashion_mnist_source(spec: dict) -> RawData:
     """Fashion-MNIST from ``spec["path"]``, else the Debian package's directory, else the download cache."""
     names = dict(IDX_FILES)
@@ -246,7 +291,8 @@ def fashion_mnist_source(spec: dict) -> RawData:
 
 @register_source("digits", options={
     "test_fraction": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-    "split_seed": {"type": "integer", "minimum": 0}, "image_size": {"type": "integer", "minimum": 8}})
+    "split_seed": {"type": "integer", "minimum": 0}, "image_size": {"type": "integer", "minimum": 8}},
+    num_labels=10)
 def digits_source(spec: dict) -> RawData:
     """scikit-learn's bundled 8x8 digits, resized to 28x28 uint8, with a fixed stratified split."""
     from sklearn.datasets import load_digits
@@ -453,9 +499,9 @@ def cifar_source(spec: dict) -> RawData:
 
 
 @register_source("synthetic", options={
-    "num_classes": {"type": "integer", "minimum": 2}, "train_samples": {"type": "integer", "minimum": 1},
+    "num_classes": {"type": "integer", "minimum": 2, "default": 4}, "train_samples": {"type": "integer", "minimum": 1},
     "test_samples": {"type": "integer", "minimum": 1}, "image_size": {"type": "integer", "minimum": 8},
-    "channels": {"enum": [1, 3]}, "seed": {"type": "integer", "minimum": 0}})
+    "channels": {"enum": [1, 3]}, "seed": {"type": "integer", "minimum": 0}}, num_labels="num_classes")
 def synthetic_source(spec: dict) -> RawData:
     """Tiny, deterministic and learnable: each class is a bright blob at its own spot, plus noise and jitter."""
     k = int(spec.get("num_classes", 4))

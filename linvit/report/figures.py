@@ -24,7 +24,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import LogLocator, NullFormatter, NullLocator, ScalarFormatter
 
-from linvit.grid import BENCHMARK_FIGURES, FIGURE_FORMATS, REFERENCE_INIT, REFERENCE_VARIANT, REPORT_FIGURES
+from linvit.grid import BENCHMARK_FIGURES, CONTROL_VARIANT, FIGURE_FORMATS, REFERENCE_INIT, REPORT_FIGURES
+from linvit.registry import SOFTMAX
 from linvit.io import atomic_path
 from linvit.report.aggregate import ID_COLUMNS
 
@@ -85,7 +86,7 @@ def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path, budg
     fig, panels = _panel_grid(config, width=max(3.2, 0.45 * len(labels) + 1.0), height=3.0)
     for (dataset, size, variant), ax in panels.items():
         data = _select(ok, dataset, size, variant).dropna(subset=["test_acc"])
-        reference = _select(ok, dataset, size, REFERENCE_VARIANT)["test_acc"].dropna()
+        reference = _reference(ok, dataset, size)["test_acc"].dropna()
         if data.empty and reference.empty:
             _no_results(ax)
             continue
@@ -100,7 +101,7 @@ def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path, budg
         ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
     handles = [Line2D([], [], color=SEED_COLOR, marker="o", linestyle="none", markersize=4, label="seed"),
                Line2D([], [], color=MEAN_COLOR, marker="_", linestyle="none", markersize=14, label="mean, 95% CI over seeds")]
-    if (ok["variant"] == REFERENCE_VARIANT).any():
+    if _is_reference(ok).any():
         handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
     at = _at_steps(grid.budget)
     _finish(fig, panels, xlabel="init strategy [design]", ylabel="test accuracy" + (f" at {at}" if at else ""),
@@ -120,7 +121,7 @@ def training_curves(curves: pd.DataFrame, config: dict, out_dir: str | Path, bud
     drawn, reference_drawn = set(), False
     for (dataset, size, variant), ax in panels.items():
         data = _select(shown.data, dataset, size, variant).dropna(subset=["step", "test_acc"])
-        reference = _select(shown.data, dataset, size, REFERENCE_VARIANT).dropna(subset=["step", "test_acc"])
+        reference = _reference(shown.data, dataset, size).dropna(subset=["step", "test_acc"])
         if data.empty and reference.empty:
             _no_results(ax)
             continue
@@ -170,7 +171,7 @@ def _panel_grid(config: dict, width: float, height: float, target=None) -> tuple
     for r, (size, variant) in enumerate(rows):
         for c, dataset in enumerate(datasets):
             ax = axes[r][c]
-            ax.set_title(f"{dataset} · {variant}" + (f" · {size}" if len(sizes) > 1 else ""))
+            ax.set_title(f"{dataset} · {variant_label(variant)}" + (f" · {size}" if len(sizes) > 1 else ""))
             panels[(dataset, size, variant)] = ax
     return fig, panels
 
@@ -191,7 +192,26 @@ def _init_colors(n: int) -> list:
 
 
 def _select(frame: pd.DataFrame, dataset: str, size: str, variant: str) -> pd.DataFrame:
-    return frame[(frame["dataset"] == dataset) & (frame["size"] == size) & (frame["variant"] == variant)]
+    """The students of `variant` in (dataset, size): softmax control students for variant softmax,
+    never the softmax reference (whose variant is softmax too)."""
+    return frame[(frame["dataset"] == dataset) & (frame["size"] == size) & (frame["variant"] == variant)
+                 & ~_is_reference(frame)]
+
+
+def _reference(frame: pd.DataFrame, dataset: str, size: str) -> pd.DataFrame:
+    """The softmax reference's rows of (dataset, size)."""
+    return frame[(frame["dataset"] == dataset) & (frame["size"] == size) & _is_reference(frame)]
+
+
+def _is_reference(frame: pd.DataFrame) -> pd.Series:
+    """Which rows are the softmax reference's: its init (REFERENCE_INIT), never the variant alone (a
+    softmax control student's variant is softmax too)."""
+    return frame["init"] == REFERENCE_INIT
+
+
+def variant_label(variant: str) -> str:
+    """A variant as figures name it: a softmax student is the control, beside the linear variants."""
+    return f"{variant} (control)" if variant == CONTROL_VARIANT else str(variant)
 
 
 def _no_results(ax, text: str = "no results") -> None:
@@ -203,11 +223,11 @@ def attention_scaling(bench: pd.DataFrame, out_dir: str | Path) -> list[Path]:
     fig = Figure(figsize=(6.5, 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    linear = [v for v in bench["variant"].unique() if v != REFERENCE_VARIANT]
+    linear = [v for v in bench["variant"].unique() if v != SOFTMAX]  # operators (softmax: SDPA, dashed)
     colors = dict(zip(linear, _init_colors(len(linear))))
     for variant, g in bench.groupby("variant", sort=False):
         g = g.sort_values("tokens")
-        style = REFERENCE_STYLE if variant == REFERENCE_VARIANT else {"color": colors[variant], "linewidth": 1.5}
+        style = REFERENCE_STYLE if variant == SOFTMAX else {"color": colors[variant], "linewidth": 1.5}
         ax.plot(g["tokens"], g["seconds"], marker="o", markersize=3, label=variant, **style)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -231,7 +251,7 @@ def accuracy_by_budget(runs: pd.DataFrame, config: dict, out_dir: str | Path) ->
     fig, panels = _panel_grid(config, width=4.2, height=3.0)
     for (dataset, size, variant), ax in panels.items():
         data = _select(ok, dataset, size, variant).dropna(subset=["budget", "test_acc"])
-        reference = _select(ok, dataset, size, REFERENCE_VARIANT).dropna(subset=["test_acc"])
+        reference = _reference(ok, dataset, size).dropna(subset=["test_acc"])
         if data.empty and reference.empty:
             _no_results(ax)
             continue
@@ -259,7 +279,7 @@ def accuracy_by_budget(runs: pd.DataFrame, config: dict, out_dir: str | Path) ->
     if lines:
         handles.append(Line2D([], [], color=SEED_COLOR, marker="o", linestyle="none", markersize=3, alpha=0.6,
                               label="seed (line: mean over seeds)"))
-    if (ok["variant"] == REFERENCE_VARIANT).any():
+    if _is_reference(ok).any():
         handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
     _finish(fig, panels, xlabel="training budget (student steps)", ylabel="test accuracy", handles=handles)
     return save_figure(fig, Path(out_dir) / BUDGET_FIGURE)
@@ -291,7 +311,7 @@ def fidelity_by_block(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> 
         for (dataset, size, variant), ax in panels.items():
             data = _select(ok, dataset, size, variant)
             data = data[data[columns].notna().any(axis=1)] if columns else data.iloc[:0]
-            reference = _select(ok, dataset, size, REFERENCE_VARIANT)
+            reference = _reference(ok, dataset, size)
             reference = reference[reference[columns].notna().any(axis=1)] if columns else reference.iloc[:0]
             if data.empty:
                 _no_results(ax)
@@ -349,7 +369,7 @@ def attention_maps(maps: list[dict], out_dir: str | Path) -> list[Path]:
     """
     records = [dict(r) for r in maps]
     cells = list(dict.fromkeys((r["dataset"], r["size"], r["variant"]) for r in records
-                               if r.get("variant") != REFERENCE_VARIANT))
+                               if r.get("init") != REFERENCE_INIT))
     datasets = list(dict.fromkeys(c[0] for c in cells)) or [None]
     rows = list(dict.fromkeys((c[1], c[2]) for c in cells)) or [(None, None)]
     several_sizes = len({size for size, _ in rows}) > 1
@@ -371,13 +391,14 @@ def attention_maps(maps: list[dict], out_dir: str | Path) -> list[Path]:
                 ax.set_axis_off()
                 _no_results(ax)
                 if dataset is not None:
-                    sub.suptitle(f"{dataset} · {variant}" + (f" · {size}" if several_sizes else ""))
+                    sub.suptitle(f"{dataset} · {variant_label(variant)}" + (f" · {size}" if several_sizes else ""))
                 continue
             _draw_map_block(sub, blocks[cell], heads[cell])
             first = next((rec for _, rec in blocks[cell] if rec), {})
             where = f"{first.get('row', 'class token')} row" + \
                     (f", block {first['block']}" if first.get("block") is not None else "")
-            sub.suptitle(f"{dataset} · {variant}" + (f" · {size}" if several_sizes else "") + f" ({where})")
+            sub.suptitle(f"{dataset} · {variant_label(variant)}" + (f" · {size}" if several_sizes else "")
+                         + f" ({where})")
     dpi = min(150.0, MAP_MAX_PIXELS / max(sum(width), sum(height)))
     return save_figure(fig, Path(out_dir) / MAPS_FIGURE, dpi=dpi)
 
@@ -397,10 +418,11 @@ def _map_rows(records: list[dict], dataset: str, size: str, variant: str) -> lis
     teacher = next((r for r in teachers if r["variant"] == variant), teachers[0] if teachers else None)
     rows = [("teacher", teacher)]
     reference = [r for r in students if r["dataset"] == dataset and r["size"] == size
-                 and r["variant"] == REFERENCE_VARIANT]
+                 and r.get("init") == REFERENCE_INIT]
     if reference:
         rows.append((REFERENCE_LABEL, pick(reference)))
-    mine = [r for r in students if r["dataset"] == dataset and r["size"] == size and r["variant"] == variant]
+    mine = [r for r in students if r["dataset"] == dataset and r["size"] == size and r["variant"] == variant
+            and r.get("init") != REFERENCE_INIT]
     for init, design in dict.fromkeys((r.get("init"), r.get("design", NO_DESIGN)) for r in mine):
         chosen = pick([r for r in mine if r.get("init") == init and r.get("design", NO_DESIGN) == design])
         rows.append((_line_label((init, design), wrap=True), chosen))
@@ -488,7 +510,7 @@ def _lines(frame: pd.DataFrame, config: dict) -> list[tuple[str, str]]:
     """The (init, design) pairs of the students in `frame` (after _with_axes): config's init order,
     then designs in the order of config `distills` (else of appearance), designless first. With
     _line_label, the one ordering and labelling of every per-(init, design) figure."""
-    students = frame[frame["variant"] != REFERENCE_VARIANT]
+    students = frame[~_is_reference(frame)]
     inits = list(config["inits"]) + [i for i in dict.fromkeys(students["init"]) if i not in config["inits"]]
     order = list(config.get("distills") or [])
     pairs = list(dict.fromkeys(zip(students["init"], students["design"])))
@@ -543,12 +565,12 @@ def _number(value, missing: float = math.inf) -> float:
 # -- gap closed, cost, throughput -----------------------------------------------------------------
 
 def gap_closed_heatmap(summary: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
-    """Gap closed (linvit.report.claims.summarize's `gap_closed`: 0 = the random role, 1 = the softmax
+    """Gap closed (linvit.report.tables.summarize's `gap_closed`: 0 = the random role, 1 = the softmax
     reference) at the grid's largest budget, as a heatmap of operator (variant) x init strategy
     [design], one panel per dataset (and size, when the grid has several); cells annotated, undefined
     cells (NaN: the reference, or no random/reference to compare with) left empty."""
     summary = _with_axes(summary)
-    students = summary[summary["variant"] != REFERENCE_VARIANT]
+    students = summary[~_is_reference(summary)]
     budget = _largest_budget(summary)
     at = _at_budget(students, budget)
     lines = _lines(students, config)
@@ -574,6 +596,7 @@ def gap_closed_heatmap(summary: pd.DataFrame, config: dict, out_dir: str | Path)
                 label = _line_label((row.init, row.design))
                 if row.variant in grid.index and label in grid.columns:
                     grid.loc[row.variant, label] = pd.to_numeric(row.gap_closed, errors="coerce")
+            grid.index = [variant_label(v) for v in variants]
             if grid.isna().all().all():
                 ax.set_axis_off()
                 _no_results(ax, "no gap closed (needs the random role and the reference)")
@@ -670,7 +693,7 @@ def cost_to_accuracy(runs: pd.DataFrame, config: dict, out_dir: str | Path,
         sub.suptitle(title)
         for (dataset, size, variant), ax in panels.items():
             mine = _select(data, dataset, size, variant).dropna(subset=[x, "test_acc"])
-            reference = _select(data, dataset, size, REFERENCE_VARIANT).dropna(subset=[x, "test_acc"])
+            reference = _reference(data, dataset, size).dropna(subset=[x, "test_acc"])
             if mine.empty and reference.empty:
                 _no_results(ax)
                 continue
@@ -707,8 +730,8 @@ def accuracy_vs_throughput(runs: pd.DataFrame, config: dict, out_dir: str | Path
     ok = _at_budget(_finished(runs), budget).dropna(subset=["test_acc"])
     ok = ok.assign(throughput=pd.to_numeric(ok["throughput_img_s"], errors="coerce") if "throughput_img_s" in ok
                    else math.nan)
-    variants = [v for v in config["variants"] if v != REFERENCE_VARIANT]
-    ok = ok[ok["variant"].isin([*variants, REFERENCE_VARIANT])].dropna(subset=["throughput"])
+    variants = list(config["variants"])  # softmax among them: the control students, not the reference
+    ok = ok[ok["variant"].isin(variants) | _is_reference(ok)].dropna(subset=["throughput"])
     lines = _lines(ok, config)
     labels = [_line_label(line) for line in lines]
     palette = dict(zip(labels, _init_colors(len(labels))))
@@ -730,12 +753,12 @@ def accuracy_vs_throughput(runs: pd.DataFrame, config: dict, out_dir: str | Path
         if cell.empty:
             _no_results(ax)
             continue
-        students = cell[cell["variant"] != REFERENCE_VARIANT]
+        students = cell[~_is_reference(cell)]
         if not students.empty:
             # hue x style: one group per (init [design], operator), each a single x, drawn as a marker.
             sns.lineplot(data=students, hue="line", hue_order=labels, palette=palette, style="variant",
                          style_order=variants, markers=markers, dashes=False, markersize=7, ax=ax, **common)
-        reference = cell[cell["variant"] == REFERENCE_VARIANT]
+        reference = cell[_is_reference(cell)]
         if not reference.empty:
             sns.lineplot(data=reference, color="black", marker="*", markersize=12, ax=ax, **common)
         if (cell["throughput"] > 0).all():
@@ -743,9 +766,9 @@ def accuracy_vs_throughput(runs: pd.DataFrame, config: dict, out_dir: str | Path
         ax.set_xlabel("throughput (images/s, this machine)")
         ax.set_ylabel("test accuracy" if c == 0 else "")
     handles = [Line2D([], [], color=palette[label], marker="o", linestyle="none", label=label) for label in labels]
-    handles += [Line2D([], [], color="0.3", marker=markers[v], linestyle="none", label=f"operator {v}")
-                for v in variants if (ok["variant"] == v).any()]
-    if (ok["variant"] == REFERENCE_VARIANT).any():
+    handles += [Line2D([], [], color="0.3", marker=markers[v], linestyle="none", label=f"operator {variant_label(v)}")
+                for v in variants if ((ok["variant"] == v) & ~_is_reference(ok)).any()]
+    if _is_reference(ok).any():
         handles.append(Line2D([], [], color="black", marker="*", markersize=9, linestyle="none", label=REFERENCE_LABEL))
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), frameon=False)

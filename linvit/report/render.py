@@ -18,13 +18,17 @@ import markdown
 import pandas as pd
 
 from linvit.config import NO_DESIGN, REFERENCE_INIT, budgets, design_names, design_specs
-from linvit.grid import REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_path, report_files
+from linvit.grid import (REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_path, report_files, shards_dir,
+                         teacher_dir)
 from linvit.io import write_text
 from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, benchmark_jobs, collect, rule_costs,
                                      write_csv)
-from linvit.report.claims import (COPY_MLP_DISTILL, ClaimVerdict, Thresholds, budget_markdown,
-                                  claims_markdown, cost_table, designs_table, evaluate_claims, pct, resolve_roles,
-                                  roles_markdown, summarize, training_text, unequal_distillation)
+from linvit.report.claims import CONTROL_VARIANT, ClaimVerdict, evaluate_claims
+from linvit.report.claims_text import (budget_markdown, claims_markdown, control_markdown, coverage_section,
+                                       mde_markdown, roles_markdown, rules_markdown, verdicts_table)
+from linvit.report.roles import COPY_MLP_DISTILL, resolve_roles
+from linvit.report.tables import (cost_table, designs_table, pct, summarize, training_text,
+                                  unequal_distillation)
 from linvit.report.figures import (accuracy_by_budget, accuracy_vs_throughput, attention_maps, cost_to_accuracy,
                                    fidelity_by_block, gap_closed_heatmap, write_figures)
 from linvit.report.provenance import collect as collect_provenance, markdown as provenance_markdown
@@ -71,7 +75,7 @@ def write_report(config: dict, results: str | Path, report_dir: str | Path) -> l
         harness_text = harness_section(harness)
     readme = render_readme(config, runs, summary, verdicts, costs, [f.relative_to(report_dir) for f in figures],
                            scaling, jobs, designs_table(summary, config), harness_text,
-                           provenance_markdown(collect_provenance(config, runs)))
+                           provenance_markdown(collect_provenance(config, runs)), results)
     _write(report_dir / README_MD, readme, written)
     _write(report_dir / INDEX_HTML, render_html(readme, report_dir), written)
     # The list in linvit.grid is the contract the workflow declares; writing anything else is a bug here.
@@ -88,7 +92,8 @@ def _write(path: Path, text: str, written: list[Path]) -> None:
 
 def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdicts: list[ClaimVerdict],
                   costs: pd.DataFrame, figures: list[Path], scaling: str = "", jobs: pd.DataFrame | None = None,
-                  designs: pd.DataFrame | None = None, harness: str = "", provenance: str = "") -> str:
+                  designs: pd.DataFrame | None = None, harness: str = "", provenance: str = "",
+                  results: str | Path = "results") -> str:
     designs = designs_table(summary, config) if designs is None else designs
     random = resolve_roles(config)["random"].strategy
     gap = (f"Gap closed = (acc_init - acc_{random}) / (acc_softmax_reference - acc_{random}), against `{random}`, "
@@ -102,12 +107,17 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
     sections = [
         "# linvit report\n\nRegenerated from `results/` by `linvit.report`; every number below comes from the "
         "runs' own result files. Accuracies are top-1 on each target's test split; std is over seeds.",
+        "## Scale\n\n" + scale_markdown(config, runs, results) + "\n\n" + mde_markdown(verdicts),
+        "## Verdicts\n\n" + verdicts_table(verdicts) + "\n\nEach claim's tests, intervals and minimum detectable "
+        "effects are under [Claims](#claims); the softmax control under [Positive control](#positive-control).",
         "## Grid covered\n\n" + _grid_section(config, runs),
         "## Summary\n\n" + gap + constant + " Full table: [summary.csv](summary.csv), [summary.md](summary.md).\n\n"
         + _markdown(summary_table),
         "## Figures\n\n" + _figures_section(figures),
-        "## Claims\n\n" + _roles_section(config) + "\n\n" + _thresholds_line(config) + "\n\n"
-        + _budgets_section(verdicts) + claims_markdown(verdicts),
+        "## Claims\n\n" + _roles_section(config) + "\n\n### How the verdicts are reached\n\n"
+        + rules_markdown(config) + "\n\n" + coverage_section() + "\n\n" + _budgets_section(verdicts)
+        + claims_markdown(verdicts),
+        "## Positive control\n\n" + control_markdown(verdicts, config),
         "## Distillation designs and baselines\n\n" + _designs_section(designs, config),
         "## Cost\n\n" + _cost_section(costs, jobs, config),
         "## Missing cells and failed runs\n\n" + _missing_section(runs),
@@ -119,6 +129,48 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
     if provenance:
         sections.append("## Provenance\n\n" + provenance)
     return "\n\n".join(s.rstrip() for s in sections) + "\n"
+
+
+def scale_markdown(config: dict, runs: pd.DataFrame, results: str | Path) -> str:
+    """At what scale the grid ran (model, images seen as a fraction of an epoch, the teacher's accuracy)
+    and what that scale can and cannot say about the paper: said before any verdict."""
+    results = Path(results)
+    train = (config.get("student") or {}).get("train") or {}
+    batch = int(train.get("batch_size", 0) or 0)
+    lines = []
+    for size in config["sizes"]:
+        params = runs.loc[(runs["size"] == size) & (runs["init"] == REFERENCE_INIT), "params"] \
+            if "params" in runs else pd.Series(dtype=float)
+        params_text = f"{int(params.dropna().iloc[0]):,} parameters" if params.notna().any() else "parameters n/a"
+        teacher = _read_json(Path(teacher_dir(size, results)) / "metrics.json")
+        acc = teacher.get("test_acc")
+        on = (config.get("teacher") or {}).get("dataset", "its pretraining data")
+        lines.append(f"- Model `{size}` ({params_text}); its softmax teacher reaches "
+                     f"{pct(acc) if isinstance(acc, (int, float)) else 'n/a (no teacher metrics)'} on {on}'s test split.")
+    for dataset in config["targets"]:
+        info = _read_json(Path(shards_dir(dataset, results)) / "_info.json")
+        n_train = ((info.get("splits") or {}).get("train") or {}).get("samples")
+        n_test = ((info.get("splits") or {}).get("test") or {}).get("samples")
+        for budget in budgets(config):
+            seen = budget * batch
+            epoch = f" = {seen / n_train:.2f} of an epoch of its {n_train:,} training images" if n_train else ""
+            lines.append(f"- Target `{dataset}`: each student sees {budget} steps x {batch} = {seen:,} images"
+                         f"{epoch}; {n_test:,} test images" if n_test else
+                         f"- Target `{dataset}`: each student sees {budget} steps x {batch} = {seen:,} images{epoch}")
+    seeds = len(config["seeds"])
+    lines.append(f"- {seeds} seed{'s' if seeds != 1 else ''} per cell (the unit of replication).")
+    return ("\n".join(lines) + "\n\nAt this scale the verdicts test whether the paper's effects appear in small "
+            "ViTs trained for a fraction of an epoch, with teachers pretrained by the harness; they cannot say "
+            "whether the effects hold for DeiT/ViT models pretrained on ImageNet and trained to convergence, where "
+            "the paper works (workflow/config/paper.yaml). The smallest effect each test could have seen (its MDE) "
+            "is in the claims' tables.")
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def display_summary(summary: pd.DataFrame) -> pd.DataFrame:
@@ -156,7 +208,7 @@ def _grid_section(config: dict, runs: pd.DataFrame) -> str:
     lines = [
         f"- Targets: {', '.join(map(str, config['targets']))}",
         f"- Sizes: {', '.join(map(str, config['sizes']))}",
-        f"- Linear variants: {', '.join(map(str, config['variants']))}",
+        "- Variants: " + ", ".join(f"{v} (control)" if v == CONTROL_VARIANT else str(v) for v in config["variants"]),
         f"- Seeds: {', '.join(map(str, config['seeds']))}",
         f"- Teacher pretrained on: {(config.get('teacher') or {}).get('dataset', 'not given in the config')}",
         f"- Budgets: {', '.join(f'{b} steps' for b in grid_budgets)}. A budget is the number of training steps "
@@ -345,13 +397,6 @@ def _designs_section(designs: pd.DataFrame | None, config: dict) -> str:
         text += ("\n\nNot at equal distillation compute (mean distillation steps differ):\n"
                  + "\n".join(f"- {u}" for u in unequal))
     return text
-
-
-def _thresholds_line(config: dict) -> str:
-    t = Thresholds.from_config(config)
-    return (f"Thresholds (config `claims`): negligible = {pct(t.negligible)} of the pretrained benefit, "
-            f"most = {pct(t.most)}, match tolerance = {100 * t.match_tolerance:.2f} pp. "
-            "A claim is *supported* if it holds in every cell where it can be evaluated.")
 
 
 def _cost_section(costs: pd.DataFrame, jobs: pd.DataFrame | None, config: dict) -> str:

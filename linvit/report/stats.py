@@ -1,81 +1,86 @@
-"""The statistics behind the claim verdicts: a paired bootstrap over seeds and test images.
+"""The statistics behind the claim verdicts: paired t and Fieller intervals over seeds, with the
+test images' sampling variance added, and one-sided tests against a claim's threshold.
 
-A claim cell compares roles (random, copy_all, ..., the softmax reference) trained with the same
-seeds on the same test images, so the comparison is paired on both:
+Seeds are the unit of replication. A claim's statistic compares roles trained with the same seeds
+on the same test images, so it is paired on both (`pair`): the roles' runs are matched by seed (the
+seeds every role finished; the others are named) and image by image (runs on other test sets are a
+one-line `PairingError`, never paired silently).
 
-* seeds: the roles' runs are matched by seed; only the seeds every role of the claim finished are
-  used (the others are named as missing);
-* test images: each run's per-image predictions (predictions.npz, linvit.predictions) are matched
-  image by image; runs on different test sets (another number of images, another split digest or
-  other labels) are refused with a one-line `PairingError`, never paired silently.
+A statistic is a contrast of accuracies, L = sum_r w_r acc_r (a difference: {a: 1, b: -1}), or a ratio
+of two contrasts (a share of a benefit). For a contrast, each seed s gives its paired value L_s (the
+mean over the test images of sum_r w_r c[r, s, i]) and each image i its seed-mean m_i. The variance
+of the estimate mean(L_s) around the truth (the expected value over seeds and over the population of
+test images) is
 
-Each bootstrap replicate draws the seeds with replacement and the test images with replacement (as
-multinomial counts), the same draw for every role, recomputes every role's accuracy (correctness
-matrix @ image counts, then the drawn seeds' mean) and the claim's statistic from them: a
-difference of accuracies, or a share of the pretrained benefit (a ratio of differences). The
-interval is the percentile interval of the replicates at `claims.level` (default 0.95), from
-`claims.bootstrap` replicates (default 2000), drawn from a generator seeded with `claims.seed`
-(default 0), so the same results give the same report. The point estimate is the statistic of the
-plain means over the paired seeds and all images.
+    var_s(L_s) / n  +  var_i(m_i) / N  -  MS_interaction / (n N)
 
-* one seed: the test-image bootstrap alone (the interval then says nothing about seed-to-seed
-  variation, and the verdict says so);
-* runs without per-image predictions (results from before they were recorded): the seed bootstrap
-  alone, which needs at least two seeds; with one seed there is no interval and the verdict is
-  "inconclusive: no interval (no per-image predictions)".
+(n seeds, N images; the image terms are 0 for runs without per-image predictions): the variance of a
+grand mean in a two-way (seeds x images) layout. The first term is seed-to-seed variation; the
+second is the sampling of the test images, which every seed shares and so does not average out over
+seeds; both carry the seed-by-image interaction, which the third takes out once. The interval is mean +- t(n - 1) x SE: n - 1 degrees of freedom,
+the conservative end of Welch-Satterthwaite's (which undercovered at 3 seeds in the calibration).
+A ratio's interval is Fieller's: the set of values R whose
+contrast num - R x den is not rejected by the same t test; it is unbounded when the denominator is
+not clearly positive (its one-sided lower bound at alpha is not above 0).
 
-A share's replicate whose denominator (the benefit) is not positive has no finite value: it counts
-as +inf (-inf when its numerator is negative), so an interval that reaches it is unbounded on that
-side and cannot clear a threshold there.
+A test of the claim `statistic <side> threshold` is a t test of the contrast num - threshold x den
+(a difference: num - threshold): `p_holds` is its one-sided p-value against the claim's being false,
+`p_fails` against its being true. At `level` (default 0.95) each side is tested at alpha = (1 -
+level) / 2, so a test holds or fails exactly when the level interval lies wholly on one side of the
+threshold. A ratio whose denominator is not established positive (its one-sided lower bound at
+alpha) is inconclusive. Fewer than `min_seeds` paired seeds (default 3): "too few seeds", never holds
+or fails. `mde` is the distance from the threshold that the test would detect with 80% power.
 
-Verdict of a statistic against its threshold: "holds" when the whole interval lies on the claim's
-side of the threshold, "fails" when it lies wholly on the other side, "inconclusive" when it
-straddles the threshold. A claim with two parts (C1: both shares <= negligible) holds when both
-parts hold and fails when either fails; otherwise it is inconclusive.
+A claim with several deciding tests holds when all hold (an intersection-union test, at alpha with
+no correction) and fails when one fails at alpha / k (Bonferroni, Holm's first step). The method's
+calibration by simulation is linvit.report.calibration (docs/statistics.md).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy import stats as sps
 
 from linvit.predictions import Predictions
 
-HOLDS, FAILS, INCONCLUSIVE = "holds", "fails", "inconclusive"
-OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE)
-DEFAULTS = {"level": 0.95, "bootstrap": 2000, "seed": 0}
-SEEDS_AND_IMAGES, IMAGES_ONLY, SEEDS_ONLY, NO_INTERVAL = ("seeds and test images", "test images only (one seed)",
-                                                        "seeds only (no per-image predictions)",
-                                                        "no interval (no per-image predictions)")
-_CHUNK = 250  # replicates per block: the (replicates x images) count matrix stays ~10 MB for 10k images
+HOLDS, FAILS, INCONCLUSIVE, TOO_FEW = "holds", "fails", "inconclusive", "too few seeds"
+OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE, TOO_FEW)
+DEFAULTS = {"level": 0.95, "min_seeds": 3}
+SEEDS_AND_IMAGES, SEEDS_ONLY = "seeds and test images", "seeds only (no per-image predictions)"
+POWER = 0.8  # of the minimum detectable effect
 
-
-class PairingError(ValueError):
-    """Runs that cannot be paired image by image (different test sets)."""
+Contrast = Mapping[str, float]  # role -> weight: the statistic sum_r w_r acc_r
 
 
 @dataclass(frozen=True)
 class Settings:
     level: float = DEFAULTS["level"]
-    replicates: int = DEFAULTS["bootstrap"]
-    seed: int = DEFAULTS["seed"]
+    min_seeds: int = DEFAULTS["min_seeds"]
 
     @classmethod
     def from_config(cls, config: dict) -> Settings:
         given = config.get("claims") or {}
         if not isinstance(given, dict):
             raise ValueError(f"config: 'claims' must be a mapping, got {given!r}")
-        level, replicates, seed = (given.get(k, DEFAULTS[k]) for k in ("level", "bootstrap", "seed"))
+        level, min_seeds = given.get("level", DEFAULTS["level"]), given.get("min_seeds", DEFAULTS["min_seeds"])
         if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
             raise ValueError(f"config: 'claims.level' is {level!r}, expected a number between 0 and 1 (e.g. 0.95)")
-        for key, value in (("bootstrap", replicates), ("seed", seed)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (100 if key == "bootstrap" else 0):
-                raise ValueError(f"config: 'claims.{key}' is {value!r}, expected a whole number"
-                                 + (" of at least 100" if key == "bootstrap" else " >= 0"))
-        return cls(float(level), replicates, seed)
+        if isinstance(min_seeds, bool) or not isinstance(min_seeds, int) or min_seeds < 2:
+            raise ValueError(f"config: 'claims.min_seeds' is {min_seeds!r}, expected a whole number >= 2")
+        return cls(float(level), min_seeds)
+
+    @property
+    def alpha(self) -> float:
+        """The error of each one-sided test: (1 - level) / 2."""
+        return (1 - self.level) / 2
+
+
+class PairingError(ValueError):
+    """Runs that cannot be paired image by image (different test sets)."""
 
 
 @dataclass(frozen=True)
@@ -109,18 +114,6 @@ class Sample:
         return used + note + (f"; {gaps}" if gaps else "")
 
 
-@dataclass(frozen=True)
-class Interval:
-    estimate: float
-    low: float
-    high: float
-    level: float
-
-    @property
-    def bounded(self) -> bool:
-        return not (math.isnan(self.low) or math.isnan(self.high))
-
-
 def pair(runs: Mapping[str, list[Run]]) -> Sample:
     """Pair the roles' runs by seed (the seeds all roles have) and by test image; PairingError when
     two runs' test sets differ (or a role has no run). Without predictions for every paired run, the
@@ -143,10 +136,10 @@ def pair(runs: Mapping[str, list[Run]]) -> Sample:
                 _same_test_set(first, r)
         matrices = {role: np.stack([r.predictions.correct for r in rs]).astype(np.float32)
                     for role, rs in chosen.items()}
-        mode = SEEDS_AND_IMAGES if len(common) > 1 else IMAGES_ONLY
+        mode = SEEDS_AND_IMAGES
         return Sample(matrices, common, first.predictions.samples, mode, missing)
     matrices = {role: np.array([[r.acc] for r in rs], dtype=np.float64) for role, rs in chosen.items()}
-    return Sample(matrices, common, 0, SEEDS_ONLY if len(common) > 1 else NO_INTERVAL, missing)
+    return Sample(matrices, common, 0, SEEDS_ONLY, missing)
 
 
 def _same_test_set(a: Run, b: Run) -> None:
@@ -160,121 +153,194 @@ def _same_test_set(a: Run, b: Run) -> None:
         raise PairingError(f"{what}: same test images but different labels")
 
 
-Statistic = Callable[[Mapping[str, np.ndarray]], np.ndarray]
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic's point estimate and its `level` interval (NaN bounds below two seeds; +-inf where
+    Fieller's interval is unbounded), the standard error and degrees of freedom of its contrast."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+    se: float = math.nan
+    df: float = math.nan
+    seeds: int = 0
+    images: int = 0
+
+    @property
+    def bounded(self) -> bool:
+        return math.isfinite(self.low) and math.isfinite(self.high)
 
 
-def bootstrap(sample: Sample, statistics: Mapping[str, Statistic], settings: Settings) -> dict[str, Interval]:
-    """Each statistic (role -> accuracies array -> values array) as a point estimate and percentile
-    interval; every statistic sees the same replicates. Without an interval (NO_INTERVAL) the bounds are NaN."""
-    roles = list(sample.matrices)
-    stacked = np.concatenate([sample.matrices[r] for r in roles])  # (roles*seeds, images)
-    n_seeds, n_images = len(sample.seeds), stacked.shape[1]
-    point = stacked.mean(axis=1, dtype=np.float64).reshape(len(roles), n_seeds).mean(axis=1)
-    estimates = {name: float(f({r: point[i:i + 1] for i, r in enumerate(roles)})[0]) for name, f in statistics.items()}
-    if sample.mode == NO_INTERVAL:
-        return {name: Interval(v, math.nan, math.nan, settings.level) for name, v in estimates.items()}
-    rng = np.random.default_rng(settings.seed)
-    resample_images = sample.images > 0
-    values = {name: [] for name in statistics}
-    for start in range(0, settings.replicates, _CHUNK):
-        k = min(_CHUNK, settings.replicates - start)
-        if resample_images:
-            counts = _multinomial_counts(rng, n_images, k)  # (k, images)
-            # (k, images) @ (images, roles*seeds): this operand order is ~20x faster in OpenBLAS than the transpose.
-            per_seed = (counts @ stacked.T).T / n_images      # (roles*seeds, k)
-        else:
-            per_seed = np.repeat(stacked, k, axis=1)
-        seed_counts = _multinomial_counts(rng, n_seeds, k) if n_seeds > 1 else np.ones((k, 1))
-        per_seed = per_seed.reshape(len(roles), n_seeds, k)
-        accs = np.einsum("rsk,ks->rk", per_seed, seed_counts) / n_seeds  # (roles, k)
-        for name, f in statistics.items():
-            values[name].append(np.asarray(f({r: accs[i] for i, r in enumerate(roles)}), dtype=np.float64))
-    tail = 100 * (1 - settings.level) / 2
-    out = {}
-    for name, chunks in values.items():
-        draws = np.concatenate(chunks)
-        low, high = np.percentile(draws, [tail, 100 - tail], method="inverted_cdf")  # an observed value, even next to inf
-        out[name] = Interval(estimates[name], float(low), float(high), settings.level)
-    return out
+@dataclass(frozen=True)
+class TestResult:
+    """One claim `statistic <side> threshold` judged on a sample."""
+
+    outcome: str
+    p_holds: float
+    p_fails: float
+    estimate: Estimate
+    threshold: float
+    side: str
+    mde: float
+    note: str = ""
 
 
-def _multinomial_counts(rng: np.random.Generator, n: int, k: int) -> np.ndarray:
-    """k rows of how often each of n items is drawn in n draws with replacement (float32)."""
-    idx = rng.integers(0, n, size=(k, n), dtype=np.int32)  # half the memory traffic of int64
-    idx += (np.arange(k, dtype=np.int32) * n)[:, None]       # row r counts into bins r*n .. r*n+n-1
-    return np.bincount(idx.ravel(), minlength=k * n).reshape(k, n).astype(np.float32)
+class _Moments:
+    """Means of the numerator (and denominator) contrasts and the variance of those means: seed
+    (co)variance / n plus image (co)variance / N, each with its degrees of freedom."""
+
+    def __init__(self, sample: Sample, numerator: Contrast, denominator: Contrast | None):
+        parts = [numerator] + ([denominator] if denominator is not None else [])
+        per_seed, per_image, residuals = [], [], []
+        for weights in parts:
+            mat = sum(float(w) * sample.matrices[r].astype(np.float64) for r, w in weights.items())
+            rows, cols = mat.mean(axis=1), mat.mean(axis=0)
+            per_seed.append(rows)
+            per_image.append(cols)
+            residuals.append(mat - rows[:, None] - cols[None, :] + mat.mean())
+        self.n, self.N = len(sample.seeds), sample.images
+        self.means = np.array([p.mean() for p in per_seed])
+        k = len(parts)
+        self.seed_cov = (np.atleast_2d(np.cov(np.vstack(per_seed), ddof=1)) / self.n if self.n > 1
+                         else np.full((k, k), np.nan))
+        self.image_cov = np.zeros((k, k))
+        if self.N > 1:
+            # The two-way (seeds x images) variance of a grand mean: seed and image terms each carry the
+            # seed-by-image interaction once, so it is taken out once (its mean square over nN).
+            flat = np.vstack([r.ravel() for r in residuals])
+            interaction = flat @ flat.T / max((self.n - 1) * (self.N - 1), 1)
+            self.image_cov = (np.atleast_2d(np.cov(np.vstack(per_image), ddof=1)) / self.N
+                              - (interaction / (self.n * self.N) if self.n > 1 else 0))
+
+    def contrast(self, a: float, b: float = 0.0) -> tuple[float, float, float]:
+        """Mean, standard error and degrees of freedom of a x numerator + b x denominator. The df is
+        n - 1, the conservative end of Welch-Satterthwaite's range: the images' term is known far more
+        precisely than the seeds', and Satterthwaite's estimate itself undercovers at 3 seeds
+        (docs/statistics.md)."""
+        v = np.array([a, b][:len(self.means)])
+        mean = float(v @ self.means)
+        vs, vi = float(v @ self.seed_cov @ v), float(v @ self.image_cov @ v)
+        return mean, math.sqrt(max(vs, 0.0) + max(vi, 0.0)), float(self.n - 1)
 
 
-def difference(a: str, b: str) -> Statistic:
-    """acc(a) - acc(b)."""
-    return lambda acc: acc[a] - acc[b]
+def _quantile(p: float, df: float) -> float:
+    return float(sps.norm.ppf(p) if math.isinf(df) else sps.t.ppf(p, df))
 
 
-def share(a: str, b: str, top: str, bottom: str) -> Statistic:
-    """(acc(a) - acc(b)) / (acc(top) - acc(bottom)); a non-positive denominator gives +-inf (see module doc)."""
-    def f(acc):
-        num, den = acc[a] - acc[b], acc[top] - acc[bottom]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = num / den
-        return np.where(den > 0, ratio, np.where(num < 0, -np.inf, np.inf))
-    return f
+def _p_below(mean: float, se: float, df: float) -> float:
+    """One-sided p-value against 'the contrast is >= 0' given its mean below 0 (small: clearly below)."""
+    if se == 0:
+        return 0.0 if mean < 0 else 1.0
+    z = mean / se
+    return float(sps.norm.cdf(z) if math.isinf(df) else sps.t.cdf(z, df))
 
 
-def decide(interval: Interval, threshold: float, side: str) -> str:
-    """side '>=': the claim is statistic >= threshold; '<=': statistic <= threshold."""
-    if not interval.bounded:
+def estimate(sample: Sample, numerator: Contrast, denominator: Contrast | None, settings: Settings) -> Estimate:
+    """A difference's t interval or a ratio's Fieller interval at `settings.level` (see the module doc)."""
+    m = _Moments(sample, numerator, denominator)
+    n, level = m.n, settings.level
+    if denominator is None:
+        mean, se, df = m.contrast(1.0)
+        if n < 2:
+            return Estimate(mean, math.nan, math.nan, level, math.nan, math.nan, n, m.N)
+        q = _quantile(1 - settings.alpha, df)
+        return Estimate(mean, mean - q * se, mean + q * se, level, se, df, n, m.N)
+    a, b = m.means
+    ratio = a / b if b != 0 else (math.copysign(math.inf, a) if a else math.nan)
+    if n < 2:
+        return Estimate(ratio, math.nan, math.nan, level, math.nan, math.nan, n, m.N)
+    _, se, df = m.contrast(1.0, -ratio) if math.isfinite(ratio) else m.contrast(1.0)
+    q = _quantile(1 - settings.alpha, df)
+    v = m.seed_cov + m.image_cov
+    # Fieller: (a - R b)^2 <= q^2 (v11 - 2 R v12 + R^2 v22), a quadratic in R.
+    qa = b * b - q * q * v[1, 1]
+    qb = -2 * (a * b - q * q * v[0, 1])
+    qc = a * a - q * q * v[0, 0]
+    disc = qb * qb - 4 * qa * qc
+    # A share of a benefit that is not clearly positive has no meaningful bounds (Fieller's set for a
+    # negative denominator is an interval too, but of a ratio that no longer reads as a share).
+    if b > 0 and qa > 0 and disc >= 0:
+        root = math.sqrt(disc)
+        low, high = (-qb - root) / (2 * qa), (-qb + root) / (2 * qa)
+    else:
+        low, high = -math.inf, math.inf
+    se_ratio = se / abs(b) if b else math.inf
+    return Estimate(ratio, low, high, level, se_ratio, df, n, m.N)
+
+
+def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, threshold: float, side: str,
+         settings: Settings) -> TestResult:
+    """The claim `numerator [/ denominator] <side> threshold` (side '<=' or '>='), by a one-sided t test
+    of its contrast on each side (see the module doc)."""
+    if side not in ("<=", ">="):
+        raise ValueError(f"side must be '<=' or '>=', got {side!r}")
+    est = estimate(sample, numerator, denominator, settings)
+    m = _Moments(sample, numerator, denominator)
+    note = ""
+    if m.n < 2:
+        outcome = TOO_FEW if m.n < settings.min_seeds else INCONCLUSIVE
+        return TestResult(outcome, math.nan, math.nan, est, threshold, side, math.nan)
+    if denominator is None:
+        mean, se, df = m.contrast(1.0)
+        mean -= threshold
+        scale = 1.0
+    else:
+        d_mean, d_se, d_df = m.contrast(0.0, 1.0)
+        if not d_mean - _quantile(1 - settings.alpha, d_df) * d_se > 0:
+            note = "the denominator (benefit) is not established positive"
+        mean, se, df = m.contrast(1.0, -threshold)
+        scale = d_mean if d_mean > 0 else math.nan
+    # The claim holds when the contrast is on its side of 0: below for '<=', above for '>='.
+    sign = 1.0 if side == "<=" else -1.0
+    p_holds = _p_below(sign * mean, se, df)
+    p_fails = _p_below(-sign * mean, se, df)
+    mde = (_quantile(1 - settings.alpha, df) + _quantile(POWER, df)) * se / scale
+    if note:
+        outcome, p_holds, p_fails = INCONCLUSIVE, math.nan, math.nan
+    elif m.n < settings.min_seeds:
+        outcome = TOO_FEW
+    elif p_holds <= settings.alpha:
+        outcome = HOLDS
+    elif p_fails <= settings.alpha:
+        outcome = FAILS
+    else:
+        outcome = INCONCLUSIVE
+    return TestResult(outcome, p_holds, p_fails, est, threshold, side, mde, note)
+
+
+def combine(results: Sequence, settings: Settings) -> str:
+    """A claim whose deciding tests must all hold (each result has `outcome` and `p_fails`): holds when
+    every one holds, fails when one fails at alpha / k (Bonferroni), too few seeds when one has too
+    few and none fails, else inconclusive."""
+    if not results:
         return INCONCLUSIVE
-    if side == ">=":
-        return HOLDS if interval.low >= threshold else FAILS if interval.high < threshold else INCONCLUSIVE
-    if side == "<=":
-        return HOLDS if interval.high <= threshold else FAILS if interval.low > threshold else INCONCLUSIVE
-    raise ValueError(f"side must be '>=' or '<=', got {side!r}")
-
-
-def combine(outcomes: list[str]) -> str:
-    """A claim with several parts: holds when all hold, fails when any fails, else inconclusive."""
-    if any(o == FAILS for o in outcomes):
+    k = len(results)
+    if any(not math.isnan(r.p_fails) and r.p_fails <= settings.alpha / k and r.outcome != TOO_FEW
+           for r in results):
         return FAILS
-    return HOLDS if outcomes and all(o == HOLDS for o in outcomes) else INCONCLUSIVE
+    outcomes = [r.outcome for r in results]
+    if all(o == HOLDS for o in outcomes):
+        return HOLDS
+    return TOO_FEW if TOO_FEW in outcomes else INCONCLUSIVE
 
 
-def interval_text(i: Interval, scale: float = 100.0, unit: str = " pp") -> str:
-    """'+1.20 pp [95% CI -0.30, +2.60]' (values times `scale`); '[no interval]' without one."""
-    if not i.bounded:
-        return f"{scale * i.estimate:+.2f}{unit} [no interval]"
-    return f"{scale * i.estimate:+.2f}{unit} [{100 * i.level:g}% CI {scale * i.low:+.2f}, {scale * i.high:+.2f}]"
+def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
+    """Holm's step-down rejections at family-wise error alpha (a NaN p-value is never rejected)."""
+    order = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    rejected = [False] * len(p_values)
+    m = len(order)
+    for rank, (p, i) in enumerate(order):
+        if p > alpha / (m - rank):
+            break
+        rejected[i] = True
+    return rejected
 
 
-def rules_markdown(config: dict) -> str:
-    """The statistical rules behind the verdicts, in words, for the report to include verbatim."""
-    from linvit.report.claims import Thresholds  # claims imports this module
-
-    s, t = Settings.from_config(config), Thresholds.from_config(config)
-    level = f"{100 * s.level:g}%"
-    return "\n".join([
-        f"Each claim is judged per cell (dataset, size, variant, budget) by a paired bootstrap: the roles' runs "
-        f"are paired by seed (only the seeds every role of the claim finished; missing seeds are named) and by "
-        f"test image (runs on different test sets are never paired). Each of {s.replicates} replicates "
-        f"(config `claims.bootstrap`; generator seeded with `claims.seed` = {s.seed}, so the report is "
-        f"reproducible) draws the seeds and the test images with replacement, the same draw for every role, "
-        f"and recomputes each role's accuracy and the claim's statistic. The interval is the {level} percentile "
-        f"interval of the replicates (config `claims.level`); the point estimate uses the plain means.",
-        "",
-        "- With one seed only the test images are resampled (the interval ignores seed-to-seed variation; the "
-        "cell says so). Runs without per-image predictions (older results) are resampled over seeds alone, "
-        "which needs two seeds or more; otherwise the cell is inconclusive with no interval.",
-        "- A share of the pretrained benefit is a ratio of differences; a replicate whose benefit is not "
-        "positive gives an unbounded share, so such an interval cannot clear a threshold on that side.",
-        f"- **holds**: the whole interval lies on the claim's side of its threshold; **fails**: it lies wholly on "
-        f"the other side; **inconclusive**: it straddles the threshold. A two-part claim holds when both parts "
-        f"hold and fails when either fails.",
-        f"- C1: strict share (attn_only - random) / (copy_all - random) and symmetric share (copy_all - copy_mlp) "
-        f"/ (copy_all - random), each <= {100 * t.negligible:g}% (`claims.negligible`).",
-        f"- C2: symmetric share (copy_mlp - random) / (copy_all - random) >= {100 * t.most:g}% (`claims.most`); "
-        f"the strict share (mlp_only - random) / (copy_all - random) is reported with its interval.",
-        f"- C3: difference copy_mlp_distill - softmax reference >= -{100 * t.match_tolerance:g} pp "
-        f"(`claims.match_tolerance`); gap closed is reported with its interval.",
-        "- A claim is **supported** when it holds in every cell where it can be evaluated, **not supported** "
-        "when it fails in every such cell, and otherwise **mixed**, with the counts (holds, fails, inconclusive). "
-        "C4 holds in a cell when C1-C3 all hold there, fails when any fails, and is otherwise inconclusive.",
-    ])
+def interval_text(e: Estimate, scale: float = 100.0, unit: str = " pp") -> str:
+    """'+1.20 pp [95% CI -0.30, +2.60]' (values times `scale`); '[no interval]' below two seeds."""
+    def num(x):
+        return ("+inf" if x > 0 else "-inf") if math.isinf(x) else f"{scale * x:+.2f}"
+    if math.isnan(e.low) or math.isnan(e.high):
+        return f"{scale * e.estimate:+.2f}{unit} [no interval]"
+    return f"{scale * e.estimate:+.2f}{unit} [{100 * e.level:g}% CI {num(e.low)}, {num(e.high)}]"

@@ -9,8 +9,10 @@ rule evaluate:
     output:
         f"{RUN}/eval.json",
     wildcard_constraints:
-        variant=_alternatives(list(config["variants"]) + [grid.REFERENCE_VARIANT]),
-        init=_alternatives(list(config["init_strategies"]) + [grid.REFERENCE_INIT]),
+        # Students (softmax control students included, when `variants` lists softmax) and the
+        # reference (variant softmax, init reference: its init is what tells it apart).
+        variant=_alternatives(dict.fromkeys([*config["variants"], grid.REFERENCE_VARIANT])),
+        init=_alternatives([*config["init_strategies"], grid.REFERENCE_INIT]),
     params:
         cfg=planned(lambda wc: job_config("evaluation", "runtime", *input_keys(wc.dataset))),
         run=in_folder("run_metrics"),  # from the input (Snakemake's lint: a param that spells an input's path)

@@ -1,5 +1,6 @@
 # Distillation (stage 1: one per dataset x size x variant x init x design x seed, shared by every
-# budget), the softmax reference, and the linear students (stage 2, one per budget). Each writes a
+# budget), the softmax reference, and the students (stage 2, one per budget): linear ones, and softmax
+# ones when `variants` lists softmax (the control). Each writes a
 # folder: its declared outputs are the files of grid.DISTILL_FILES / grid.STUDENT_FILES (the
 # checkpoint/ it resumes from is internal).
 rule distill:
@@ -34,7 +35,10 @@ rule distill:
         " > {log:q} 2>&1"
 
 
-# The softmax reference: the teacher trained on the target with the students' budget.
+# The softmax reference: the teacher trained on the target with the students' budget. Its path is
+# spelled with init `reference` (grid.REFERENCE_INIT), which is what tells it apart from a softmax
+# control student's (`softmax` in `variants`; rule student, init one of init_strategies, which never
+# names `reference`: linvit.config refuses that name), so no path matches both rules.
 rule reference:
     input:
         unpack(teacher_model),

@@ -1,0 +1,190 @@
+"""The claims table and its evaluator on results trees whose right verdicts are known: each statistic
+isolates what its claim names, too few seeds never decide, C4 names what the grid does not vary, the
+softmax control decides nothing, and the rules text is generated from the table."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from test_report import CONFIG, write_cell
+
+from linvit.grid import all_cells
+from linvit.report import CLAIMS, collect, evaluate_claims
+from linvit.report.claims import NOT_EVALUABLE, CellVerdict, Thresholds
+from linvit.report.claims_text import claims_markdown, control_markdown, mde_markdown, rules_markdown
+from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
+
+# Per variant, each role's accuracy (the reference is 0.80). linA: every claim holds; linB: every one fails.
+ACC = {
+    "linA": dict(random=0.50, copy_all=0.70, copy_attn=0.55, copy_mlp=0.68, attn_only=0.48, mlp_only=0.65,
+                 copy_mlp_distill=0.81, distill_only=0.60),
+    "linB": dict(random=0.50, copy_all=0.70, copy_attn=0.66, copy_mlp=0.62, attn_only=0.60, mlp_only=0.55,
+                 copy_mlp_distill=0.75, distill_only=0.60),
+    # The control: attention transfers between softmax models.
+    "softmax": dict(random=0.50, copy_all=0.78, copy_attn=0.75, copy_mlp=0.60, attn_only=0.74, mlp_only=0.52,
+                    copy_mlp_distill=0.77, distill_only=0.60),
+}
+OFFSET = {0: -0.01, 1: 0.0, 2: 0.01, 3: 0.005, 4: -0.005}  # every role moves alike with the seed
+BASE = {**CONFIG, "targets": ["dsA"], "seeds": [0, 1, 2], "claims": {"margin": 0.005}}
+
+
+def accuracy(cell) -> float:
+    base = 0.80 if cell.is_reference else ACC[cell.variant][cell.init]
+    return round(base + OFFSET[cell.seed], 3)
+
+
+def verdicts_of(tmp_path, config: dict, acc=accuracy) -> dict:
+    for cell in all_cells(config):
+        write_cell(tmp_path, cell, acc(cell), predictions=True)
+    runs, _ = collect(config, tmp_path)
+    return {v.claim: v for v in evaluate_claims(runs, config)}
+
+
+def test_each_claim_is_one_entry_whose_roles_come_from_its_statistics():
+    names = [c.name for c in CLAIMS]
+    assert names == ["C1", "C2", "C3"]
+    c1, c2, c3 = CLAIMS
+    assert c1.roles == ["attn_only", "random", "copy_all", "copy_mlp"]
+    assert c2.roles == ["mlp_only", "random", "copy_all", "copy_attn"]  # copy_mlp only reported
+    assert c3.roles == ["copy_mlp_distill", "reference"]
+    # No statistic of C1 is the complement of one of C2's deciding statistics.
+    c1_stats = {t.statistic.numerator for t in c1.deciding}
+    assert not c1_stats & {t.statistic.numerator for t in c2.deciding}
+
+
+def test_the_rules_text_is_generated_from_the_table_and_the_config():
+    rules = rules_markdown({"claims": {"negligible": 0.2, "most": 0.6, "margin": 0.02, "min_seeds": 4}})
+    for claim in CLAIMS:
+        for test in claim.tests:
+            assert f"`{test.statistic.formula()}`" in rules
+    assert "`(attn_only - random) / (copy_all - random)` <= 20% (`claims.negligible`)" in rules
+    assert "`(copy_all - copy_attn) / (copy_all - random)` >= 60% (`claims.most`)" in rules
+    assert "`copy_mlp_distill - reference` >= -2 pp (`claims.margin`)" in rules
+    assert "fewer than 4 seeds" in rules and "Holm" in rules
+
+
+def test_attention_and_mlps_are_each_measured_on_their_own(tmp_path):
+    v = verdicts_of(tmp_path, {**BASE, "variants": ["linA", "linB"]})
+    c1 = {c.variant: c for c in v["C1"].cells}
+    c2 = {c.variant: c for c in v["C2"].cells}
+    # linA: attention alone (0.48 - 0.50) / 0.20 = -10%, on top (0.70 - 0.68) / 0.20 = +10%: both <= 25%.
+    assert c1["linA"].test("attn_alone").estimate == pytest.approx(-0.10)
+    assert c1["linA"].test("attn_on_top").estimate == pytest.approx(0.10)
+    assert c1["linA"].outcome == HOLDS and c1["linA"].test("attn_worse").outcome == HOLDS
+    # linB: on top (0.70 - 0.62) / 0.20 = 40% and alone 50%: fails.
+    assert c1["linB"].outcome == FAILS and c1["linB"].test("attn_worse").outcome == FAILS
+    # C2 linA: MLPs alone 75%, on top (0.70 - 0.55) / 0.20 = 75%; everything but the attention 90% is
+    # reported, not deciding. linB: alone 25%, on top 20%: fails.
+    assert c2["linA"].test("mlp_alone").estimate == pytest.approx(0.75)
+    assert c2["linA"].test("mlp_on_top").estimate == pytest.approx(0.75)
+    assert c2["linA"].test("all_but_attn").estimate == pytest.approx(0.90)
+    assert not c2["linA"].test("all_but_attn").decides
+    assert c2["linA"].outcome == HOLDS and c2["linB"].outcome == FAILS
+    # The two claims are not one number: C1's on-top share and C2's deciding shares do not add to 1.
+    assert c1["linB"].test("attn_on_top").estimate + c2["linB"].test("mlp_on_top").estimate != pytest.approx(1)
+    assert v["C1"].verdict == v["C2"].verdict == "mixed (1 holds, 1 fails)"
+
+
+def test_c3_is_non_inferiority_with_surpassing_and_the_papers_contrast(tmp_path):
+    v = verdicts_of(tmp_path, {**BASE, "variants": ["linA", "linB"]})
+    c3 = {c.variant: c for c in v["C3"].cells}
+    a, b = c3["linA"], c3["linB"]
+    assert a.outcome == HOLDS and a.test("matches").estimate == pytest.approx(0.01)
+    assert a.test("surpasses").outcome == HOLDS  # 10 images on 1000, every seed: above 0
+    assert a.test("distilled_vs_copied").estimate == pytest.approx(0.11)
+    assert a.test("gap_closed").estimate == pytest.approx(0.31 / 0.30)
+    assert b.outcome == FAILS and b.test("matches").high < -0.005
+    assert math.isfinite(a.test("matches").mde) and a.test("matches").mde >= 0
+
+
+def test_too_few_seeds_never_hold_or_fail(tmp_path):
+    for seeds, config in (([0], {}), ([0, 1], {"min_seeds": 3})):
+        v = verdicts_of(tmp_path / str(len(seeds)), {**BASE, "variants": ["linA"], "seeds": seeds,
+                                                     "claims": {"margin": 0.005, **config}})
+        for claim in ("C1", "C2", "C3"):
+            assert [c.outcome for c in v[claim].cells] == [TOO_FEW], (seeds, claim)
+            assert v[claim].verdict == TOO_FEW
+        assert all(t.outcome in (TOO_FEW, "") for t in v["C1"].cells[0].tests)
+    # With min_seeds 2 the same two seeds are judged (one degree of freedom: wide, but an interval).
+    v = verdicts_of(tmp_path / "two", {**BASE, "variants": ["linA"], "seeds": [0, 1],
+                                       "claims": {"margin": 0.005, "min_seeds": 2}})
+    assert v["C1"].cells[0].outcome != TOO_FEW and v["C1"].cells[0].test("attn_on_top").low > -math.inf
+
+
+def test_a_missing_role_makes_only_the_tests_that_need_it_not_evaluable(tmp_path):
+    inits = [i for i in CONFIG["inits"] if i != "copy_attn"]
+    v = verdicts_of(tmp_path, {**BASE, "variants": ["linA"], "inits": inits})
+    c2 = v["C2"]
+    assert c2.verdict.startswith("not evaluable: no strategy of the grid fills copy_attn")
+    cell = c2.cells[0]
+    assert cell.outcome == NOT_EVALUABLE and cell.test("mlp_alone").outcome == HOLDS
+    assert cell.test("mlp_on_top").outcome == NOT_EVALUABLE
+    assert v["C1"].cells[0].outcome == HOLDS  # C1 does not need copy_attn
+
+
+def test_c4_names_untested_axes_and_corrects_for_multiplicity(tmp_path):
+    # Five seeds: a failure must survive Holm across 3 claims x 2 cells (p <= 0.025 / 6 at best).
+    v = verdicts_of(tmp_path, {**BASE, "variants": ["linA", "linB"], "seeds": [0, 1, 2, 3, 4]})
+    c4 = v["C4"]
+    assert c4.axes["datasets"].startswith("not tested") and c4.axes["sizes"].startswith("not tested")
+    assert c4.axes["variants"] == "linA: supported; linB: not supported"
+    assert [c.outcome for c in c4.cells] == [HOLDS, FAILS]
+    assert c4.cells[1].parts == {"C1": FAILS, "C2": FAILS, "C3": FAILS}
+    single = verdicts_of(tmp_path / "single", {**BASE, "variants": ["linA"]})["C4"]
+    assert single.verdict.startswith("not tested")
+
+
+def test_the_softmax_control_is_shown_beside_each_variant_and_decides_nothing(tmp_path):
+    config = {**BASE, "variants": ["linA", "softmax"]}
+    v = verdicts_of(tmp_path, config)
+    c1 = v["C1"]
+    assert [c.variant for c in c1.cells] == ["linA"] and [c.variant for c in c1.controls] == ["softmax"]
+    control = c1.controls[0]
+    # Between softmax models the attention carries (0.74 - 0.50) / 0.28 = 86% of the benefit.
+    assert control.test("attn_alone").estimate == pytest.approx(0.24 / 0.28) and control.outcome == FAILS
+    assert c1.verdict == "supported"  # from linA alone
+    text = control_markdown(list(v.values()), config)
+    assert "| dataset | size | budget | statistic | softmax (control) | linA |" in text
+    assert "C1 attention copied alone (strict)" in text
+    assert "softmax" not in v["C4"].axes["variants"]
+
+
+def test_markdown_json_and_minimum_detectable_effects(tmp_path):
+    v = verdicts_of(tmp_path, {**BASE, "variants": ["linA"]})
+    verdicts = list(v.values())
+    text = claims_markdown(verdicts)
+    assert "### C1: Copying softmax attention weights" in text and "**Verdict: supported.**" in text
+    assert "| | attention copied alone (strict) | `(attn_only - random) / (copy_all - random)` | -10.0% [" in text
+    assert "| | the MLPs added on top of everything else (symmetric) |" in text
+    mde = mde_markdown(verdicts)
+    assert "| C1 | attention copied alone (strict) | `dsA/tiny/linA/steps100` | 3 x 1000 | <= +25.0% |" in mde
+    payload = json.loads(json.dumps([x.as_dict() for x in verdicts], default=float))
+    assert payload[0]["cells"][0]["tests"][0]["name"] == "attn_alone"
+
+
+def test_thresholds_are_checked_in_one_line():
+    assert Thresholds.from_config({}) == Thresholds(0.25, 0.5, 0.01)
+    with pytest.raises(ValueError, match=r"^config: 'claims.margin' is 'x', expected a number$"):
+        Thresholds.from_config({"claims": {"margin": "x"}})
+
+
+def test_c4_fails_a_cell_only_when_the_failure_survives_holm():
+    from linvit.report.claims import ClaimVerdict, _c4
+    from linvit.report.stats import Settings
+
+    config = {**BASE, "variants": ["linA", "linB"]}
+
+    def claim(name, outcomes_p):
+        cells = [CellVerdict(name, "dsA", "tiny", v, 100, o, p_fails=p) for v, (o, p) in zip(["linA", "linB"],
+                                                                                              outcomes_p)]
+        return ClaimVerdict(name, "", "", {}, cells)
+
+    # C1 fails in linB at p 0.02 (a failure for that cell alone): across 6 (claim, cell) pairs Holm needs
+    # 0.025 / 6, so C4 calls the cell inconclusive; at p 0.001 the failure stands.
+    for p, expected in ((0.02, INCONCLUSIVE), (0.001, FAILS)):
+        verdicts = [claim("C1", [(HOLDS, 0.9), (FAILS, p)]), claim("C2", [(HOLDS, 0.9), (HOLDS, 0.9)]),
+                    claim("C3", [(HOLDS, 0.9), (HOLDS, 0.8)])]
+        c4 = _c4(verdicts, config, Settings())
+        assert [c.outcome for c in c4.cells] == [HOLDS, expected]

@@ -1,6 +1,7 @@
 """The statistics engine (linvit.report.stats) on hand-made samples whose answers are known: pairing by
-seed and image, the t interval with the images' variance, Fieller's interval for a share, one-sided
-tests, too few seeds, combining a claim's tests and Holm's correction."""
+seed and image, the t interval with the images' two-way variance, Fieller's interval for a share,
+one-sided tests and their agreement with the interval, too few seeds, the minimum detectable effect,
+combining a claim's tests and Holm's correction."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def sample_of(per_seed: dict[str, list[float]]) -> stats.Sample:
 
 
 def runs_of(accs: dict[str, float], seeds=(0, 1, 2), images=2000, digest="split", rng_seed=0) -> dict:
+    """Per role, one run per seed whose images are each right with probability acc (a fixed label set)."""
     rng = np.random.default_rng(rng_seed)
     label = np.arange(images) % 10
     out = {}
@@ -34,14 +36,52 @@ def runs_of(accs: dict[str, float], seeds=(0, 1, 2), images=2000, digest="split"
     return out
 
 
+def grid_of(matrices: dict[str, np.ndarray]) -> stats.Sample:
+    """A sample straight from (seeds x images) 0/1 matrices."""
+    seeds, images = next(iter(matrices.values())).shape
+    return stats.Sample({r: m.astype(np.float32) for r, m in matrices.items()}, list(range(seeds)), images,
+                        stats.SEEDS_AND_IMAGES)
+
+
 def test_a_difference_is_a_t_interval_over_the_seeds_paired_values():
     sample = sample_of({"a": [0.70, 0.72, 0.74], "b": [0.60, 0.60, 0.60]})
     e = stats.estimate(sample, {"a": 1, "b": -1}, None, Settings())
     d = np.array([0.10, 0.12, 0.14])
     half = sps.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
-    assert e.estimate == pytest.approx(0.12) and e.df == pytest.approx(2)
+    assert e.estimate == pytest.approx(0.12) and e.df == pytest.approx(2) and e.seeds == 3 and e.images == 0
     assert (e.low, e.high) == (pytest.approx(0.12 - half), pytest.approx(0.12 + half))
+    assert e.se == pytest.approx(d.std(ddof=1) / math.sqrt(3)) and e.bounded
     assert sample.mode == stats.SEEDS_ONLY and sample.images == 0
+
+
+def test_identical_per_seed_differences_without_image_variance_have_a_zero_width_interval():
+    sample = sample_of({"a": [0.70, 0.72, 0.74], "b": [0.60, 0.62, 0.64]})  # 0.10 on every seed
+    e = stats.estimate(sample, {"a": 1, "b": -1}, None, Settings())
+    assert (e.estimate, e.low, e.high, e.se) == (pytest.approx(0.1),) * 3 + (pytest.approx(0, abs=1e-9),)
+    holds = stats.test(sample, {"a": 1, "b": -1}, None, 0.09, ">=", Settings())
+    assert (holds.outcome, holds.p_holds, holds.p_fails) == (HOLDS, 0.0, 1.0) and holds.mde < 1e-8
+    assert stats.test(sample, {"a": 1, "b": -1}, None, 0.11, ">=", Settings()).outcome == FAILS
+    # Two roles with the same runs, image by image: the paired difference is 0 on every seed and image.
+    runs = runs_of({"a": 0.8})
+    runs["b"] = [stats.Run(r.seed, r.acc, r.predictions) for r in runs["a"]]
+    e = stats.estimate(stats.pair(runs), {"a": 1, "b": -1}, None, Settings())
+    assert (e.estimate, e.low, e.high, e.se) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_the_image_term_is_the_two_way_variance_of_a_grand_mean():
+    rng = np.random.default_rng(3)
+    a = (rng.random((4, 50)) < 0.8).astype(float)
+    b = (rng.random((4, 50)) < 0.6).astype(float)
+    e = stats.estimate(grid_of({"a": a, "b": b}), {"a": 1, "b": -1}, None, Settings())
+    x = a - b
+    n, N = x.shape
+    rows, cols = x.mean(axis=1), x.mean(axis=0)
+    residual = x - rows[:, None] - cols[None, :] + x.mean()
+    ms_interaction = (residual ** 2).sum() / ((n - 1) * (N - 1))
+    image = max(cols.var(ddof=1) / N - ms_interaction / (n * N), 0.0)
+    se = math.sqrt(rows.var(ddof=1) / n + image)
+    assert e.se == pytest.approx(se) and e.df == n - 1
+    assert e.high - e.low == pytest.approx(2 * sps.t.ppf(0.975, n - 1) * se)
 
 
 def test_the_test_images_variance_is_added_and_shrinks_with_more_images():
@@ -59,41 +99,79 @@ def test_fieller_interval_of_a_share_against_a_hand_computation():
     e = stats.estimate(sample, {"x": 1, "r": -1}, {"all": 1, "r": -1}, Settings())
     num = np.array([0.10, 0.11, 0.12, 0.14])
     den = np.array([0.20, 0.20, 0.23, 0.18])
-    assert e.estimate == pytest.approx(num.mean() / den.mean())
-    # Every value inside the interval is a share whose contrast num - R den the t test does not reject.
-    for r in (e.low + 1e-6, e.estimate, e.high - 1e-6):
+    a, b = num.mean(), den.mean()
+    (v11, v12), (_, v22) = np.cov(num, den) / 4
+    q = sps.t.ppf(0.975, 3)
+    # (a - R b)^2 = q^2 (v11 - 2 R v12 + R^2 v22), solved for R.
+    qa, qb, qc = b * b - q * q * v22, -2 * (a * b - q * q * v12), a * a - q * q * v11
+    root = math.sqrt(qb * qb - 4 * qa * qc)
+    assert e.estimate == pytest.approx(a / b)
+    assert (e.low, e.high) == (pytest.approx((-qb - root) / (2 * qa)), pytest.approx((-qb + root) / (2 * qa)))
+    # Every value inside is a share whose contrast num - R den the t test does not reject; just outside, it does.
+    for r, inside in ((e.low + 1e-6, True), (a / b, True), (e.high - 1e-6, True), (e.low - 1e-3, False),
+                      (e.high + 1e-3, False)):
         t = (num - r * den).mean() / ((num - r * den).std(ddof=1) / 2)
-        assert abs(t) <= sps.t.ppf(0.975, 3) + 1e-6
-    for r in (e.low - 1e-3, e.high + 1e-3):
-        t = (num - r * den).mean() / ((num - r * den).std(ddof=1) / 2)
-        assert abs(t) > sps.t.ppf(0.975, 3)
+        assert (abs(t) <= q) == inside
 
 
 def test_tests_hold_fail_or_straddle_and_agree_with_the_interval():
     sample = stats.pair(runs_of({"recipe": 0.90, "reference": 0.80}))
     contrast = {"recipe": 1, "reference": -1}
-    assert stats.test(sample, contrast, None, -0.005, ">=", Settings()).outcome == HOLDS
-    assert stats.test(sample, contrast, None, 0.20, ">=", Settings()).outcome == FAILS
-    result = stats.test(sample, contrast, None, 0.10, ">=", Settings())
-    assert result.outcome == INCONCLUSIVE and result.estimate.low < 0.10 < result.estimate.high
-    assert result.mde > 0 and result.p_holds > 0.025 and result.p_fails > 0.025
+    e = stats.estimate(sample, contrast, None, Settings())
+    assert stats.test(sample, contrast, None, e.low - 1e-4, ">=", Settings()).outcome == HOLDS
+    assert stats.test(sample, contrast, None, e.low + 1e-4, ">=", Settings()).outcome == INCONCLUSIVE
+    assert stats.test(sample, contrast, None, e.high + 1e-4, ">=", Settings()).outcome == FAILS
+    assert stats.test(sample, contrast, None, e.high + 1e-4, "<=", Settings()).outcome == HOLDS
+    assert stats.test(sample, contrast, None, e.low - 1e-4, "<=", Settings()).outcome == FAILS
+    result = stats.test(sample, contrast, None, e.estimate, ">=", Settings())
+    assert result.outcome == INCONCLUSIVE and result.p_holds == pytest.approx(0.5) == result.p_fails
+    # The p-values are the t distribution's, with n - 1 degrees of freedom.
+    result = stats.test(sample, contrast, None, 0.09, ">=", Settings())
+    t = (e.estimate - 0.09) / e.se
+    assert result.p_holds == pytest.approx(sps.t.sf(t, 2)) and result.p_fails == pytest.approx(sps.t.cdf(t, 2))
+    assert result.mde == pytest.approx((sps.t.ppf(0.975, 2) + sps.t.ppf(0.8, 2)) * e.se)
+
+
+def test_a_share_test_agrees_with_fieller_and_its_mde_is_in_share_units():
+    sample = sample_of({"x": [0.60, 0.62, 0.61, 0.66], "r": [0.50, 0.51, 0.49, 0.52], "all": [0.70, 0.71, 0.72, 0.70]})
+    num, den = {"x": 1, "r": -1}, {"all": 1, "r": -1}
+    e = stats.estimate(sample, num, den, Settings())
+    for threshold, side, outcome in ((e.high + 1e-4, "<=", HOLDS), (e.high - 1e-4, "<=", INCONCLUSIVE),
+                                     (e.low - 1e-4, "<=", FAILS), (e.low - 1e-4, ">=", HOLDS)):
+        assert stats.test(sample, num, den, threshold, side, Settings()).outcome == outcome
+    result = stats.test(sample, num, den, 0.5, ">=", Settings())
+    contrast = np.array([0.10, 0.11, 0.12, 0.14]) - 0.5 * np.array([0.20, 0.20, 0.23, 0.18])
+    se = contrast.std(ddof=1) / 2
+    assert result.mde == pytest.approx((sps.t.ppf(0.975, 3) + sps.t.ppf(0.8, 3)) * se / 0.2025)
 
 
 def test_too_few_seeds_never_decide():
     one = stats.pair(runs_of({"a": 0.9, "b": 0.5}, seeds=(0,)))
     two = stats.pair(runs_of({"a": 0.9, "b": 0.5}, seeds=(0, 1)))
     for sample in (one, two):
-        assert stats.test(sample, {"a": 1, "b": -1}, None, 0.0, ">=", Settings()).outcome == TOO_FEW
+        result = stats.test(sample, {"a": 1, "b": -1}, None, 0.0, ">=", Settings())
+        assert result.outcome == TOO_FEW and result.estimate.estimate == pytest.approx(0.4, abs=0.03)
     assert stats.test(two, {"a": 1, "b": -1}, None, 0.0, ">=", Settings(min_seeds=2)).outcome == HOLDS
     e = stats.estimate(one, {"a": 1, "b": -1}, None, Settings())
-    assert math.isnan(e.low) and not e.bounded
+    assert math.isnan(e.low) and math.isnan(e.high) and not e.bounded
+    assert math.isnan(stats.test(one, {"a": 1, "b": -1}, None, 0.0, ">=", Settings()).mde)
+    assert math.isnan(stats.estimate(one, {"a": 1, "b": -1}, {"a": 1}, Settings()).low)
+    assert stats.estimate(two, {"a": 1, "b": -1}, None, Settings()).bounded  # an interval, but no verdict
 
 
 def test_a_share_of_a_benefit_that_is_not_clearly_positive_is_inconclusive():
     sample = sample_of({"x": [0.55, 0.50, 0.52], "r": [0.50, 0.52, 0.50], "all": [0.52, 0.49, 0.51]})
     result = stats.test(sample, {"x": 1, "r": -1}, {"all": 1, "r": -1}, 0.25, "<=", Settings())
     assert result.outcome == INCONCLUSIVE and "not established positive" in result.note
-    assert not result.estimate.bounded
+    assert math.isnan(result.p_holds) and math.isnan(result.p_fails)
+    assert not result.estimate.bounded and result.estimate.low == -math.inf and result.estimate.high == math.inf
+    negative = sample_of({"x": [0.55, 0.56, 0.57], "r": [0.50, 0.51, 0.50], "all": [0.40, 0.41, 0.42]})
+    result = stats.test(negative, {"x": 1, "r": -1}, {"all": 1, "r": -1}, 0.25, "<=", Settings())
+    assert result.outcome == INCONCLUSIVE and result.note and not result.estimate.bounded
+    # Below min_seeds, too few seeds is the reason given (the note stays).
+    two = sample_of({"x": [0.55, 0.50], "r": [0.50, 0.52], "all": [0.52, 0.49]})
+    result = stats.test(two, {"x": 1, "r": -1}, {"all": 1, "r": -1}, 0.25, "<=", Settings())
+    assert result.outcome == TOO_FEW and result.note
 
 
 def test_combine_needs_every_test_to_hold_and_corrects_failures():
@@ -104,12 +182,26 @@ def test_combine_needs_every_test_to_hold_and_corrects_failures():
     assert stats.combine([r(HOLDS, 0.9), r(FAILS, 0.001)], s) == FAILS
     # A failure at 0.02 is one at the 2.5% level, not at 2.5% / 2: inconclusive for a two-test claim.
     assert stats.combine([r(HOLDS, 0.9), r(FAILS, 0.02)], s) == INCONCLUSIVE
+    assert stats.combine([r(FAILS, 0.02)], s) == FAILS
     assert stats.combine([r(TOO_FEW, math.nan), r(HOLDS, 0.9)], s) == TOO_FEW
+    assert stats.combine([r(TOO_FEW, 0.001), r(INCONCLUSIVE, 0.3)], s) == TOO_FEW  # too few never decides
+    assert stats.combine([r(TOO_FEW, math.nan), r(FAILS, 0.001)], s) == FAILS
+    assert stats.combine([r(INCONCLUSIVE, math.nan), r(HOLDS, 0.9)], s) == INCONCLUSIVE
 
 
 def test_holm_steps_down():
     assert stats.holm([0.01, 0.04, 0.03, math.nan], 0.05) == [True, False, False, False]
     assert stats.holm([0.001, 0.02, 0.04], 0.05) == [True, True, True]
+    assert stats.holm([0.04, 0.001], 0.05) == [True, True]
+    assert stats.holm([0.03, 0.03], 0.05) == [False, False]
+    assert stats.holm([], 0.05) == []
+
+
+def test_interval_text():
+    e = stats.Estimate(0.012, -0.003, 0.026, 0.95)
+    assert stats.interval_text(e) == "+1.20 pp [95% CI -0.30, +2.60]"
+    assert stats.interval_text(stats.Estimate(0.3, -math.inf, math.inf, 0.95), 1.0, "") == "+0.30 [95% CI -inf, +inf]"
+    assert stats.interval_text(stats.Estimate(0.3, math.nan, math.nan, 0.95)) == "+30.00 pp [no interval]"
 
 
 def test_pairing_intersects_seeds_and_refuses_other_test_sets():
@@ -117,18 +209,59 @@ def test_pairing_intersects_seeds_and_refuses_other_test_sets():
     runs["b"] = runs["b"][:2]
     sample = stats.pair(runs)
     assert sample.seeds == [0, 1] and sample.missing == {"b": [2]}  # the seeds b lacks
-    assert "seed 2 missing for b" in sample.describe()
+    assert sample.matrices["a"].shape == (2, 2000) and sample.mode == stats.SEEDS_AND_IMAGES
+    assert sample.describe() == "2 seeds (0, 1) x 2000 test images; seed 2 missing for b"
     with pytest.raises(PairingError, match="^no finished run of b$"):
         stats.pair({"a": runs["a"], "b": []})
+    with pytest.raises(PairingError, match="share no seed"):
+        stats.pair({"a": runs["a"][:1], "b": runs["b"][1:]})
     other = runs_of({"b": 0.7}, digest="other")["b"]
-    with pytest.raises(PairingError, match="different test sets"):
+    with pytest.raises(PairingError,
+                       match=r"^cannot pair seed 0 with seed 0: different test sets \(split digest") as err:
         stats.pair({"a": runs["a"], "b": other})
+    assert "\n" not in str(err.value)
+    fewer = runs_of({"b": 0.7}, images=1000)["b"]
+    with pytest.raises(PairingError, match="2000 vs 1000 test images"):
+        stats.pair({"a": runs["a"], "b": fewer})
+    p = runs["b"][0].predictions
+    relabelled = [stats.Run(0, 0.7, Predictions(p.pred, (p.label + 1) % 10, p.digest))]
+    with pytest.raises(PairingError, match="same test images but different labels"):
+        stats.pair({"a": runs["a"], "b": relabelled})
+
+
+def test_pairing_matches_images_and_falls_back_to_accuracies_without_predictions():
+    runs = runs_of({"a": 0.8, "b": 0.7})
+    sample = stats.pair(runs)
+    for role, rs in runs.items():
+        assert np.array_equal(sample.matrices[role][1], rs[1].predictions.correct)
+    # One run without predictions makes the whole cell seeds-only (no silent half pairing).
+    mixed = {**runs, "b": [stats.Run(r.seed, r.acc) for r in runs["b"]]}
+    sample = stats.pair(mixed)
+    assert sample.mode == stats.SEEDS_ONLY and sample.images == 0 and sample.matrices["a"].shape == (3, 1)
+    assert sample.matrices["b"][:, 0].tolist() == [r.acc for r in runs["b"]]
+    assert sample.describe() == "3 seeds (0, 1, 2); seeds only (no per-image predictions)"
+    one = stats.pair(runs_of({"a": 0.8}, seeds=(4,)))
+    assert one.seeds == [4] and one.describe().startswith("1 seed (4) x 2000 test images")
 
 
 def test_settings_come_from_the_config_in_one_line():
-    assert Settings.from_config({}) == Settings(0.95, 3)
-    assert Settings.from_config({"claims": {"level": 0.9, "min_seeds": 5}}) == Settings(0.9, 5)
-    with pytest.raises(ValueError, match=r"^config: 'claims.level' is 95, expected a number between 0 and 1"):
+    assert Settings.from_config({}) == Settings(0.95, 3) and Settings().alpha == pytest.approx(0.025)
+    assert Settings.from_config({"claims": {"level": 0.9, "min_seeds": 5, "negligible": 0.2}}) == Settings(0.9, 5)
+    assert Settings(0.9).alpha == pytest.approx(0.05)
+    with pytest.raises(ValueError, match=r"^config: 'claims.level' is 95, expected a number between 0 and 1 "
+                                         r"\(e.g. 0.95\)$"):
         Settings.from_config({"claims": {"level": 95}})
     with pytest.raises(ValueError, match=r"^config: 'claims.min_seeds' is 1, expected a whole number >= 2$"):
         Settings.from_config({"claims": {"min_seeds": 1}})
+    for bad in (2.5, True, "3"):
+        with pytest.raises(ValueError, match="'claims.min_seeds'"):
+            Settings.from_config({"claims": {"min_seeds": bad}})
+
+
+def test_stats_imports_no_claims():
+    import ast
+    import inspect
+    tree = ast.parse(inspect.getsource(stats))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any("claims" in m for m in imported if m) and not hasattr(stats, "rules_markdown")

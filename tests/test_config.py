@@ -77,7 +77,8 @@ def test_a_source_registered_without_options_keeps_its_entries_unchecked():
 
         check_source_options("x", {"source": "free_form_test", "anything": [1, 2]})
     finally:
-        del sources.SOURCES["free_form_test"], sources.SOURCE_OPTIONS["free_form_test"]
+        for table in (sources.SOURCES, sources.SOURCE_OPTIONS, sources.SOURCE_LABELS):  # leave no trace
+            del table["free_form_test"]
 
 
 def test_default_grid_covers_every_cell():

@@ -197,13 +197,6 @@ def test_holm_steps_down():
     assert stats.holm([], 0.05) == []
 
 
-def test_interval_text():
-    e = stats.Estimate(0.012, -0.003, 0.026, 0.95)
-    assert stats.interval_text(e) == "+1.20 pp [95% CI -0.30, +2.60]"
-    assert stats.interval_text(stats.Estimate(0.3, -math.inf, math.inf, 0.95), 1.0, "") == "+0.30 [95% CI -inf, +inf]"
-    assert stats.interval_text(stats.Estimate(0.3, math.nan, math.nan, 0.95)) == "+30.00 pp [no interval]"
-
-
 def test_pairing_intersects_seeds_and_refuses_other_test_sets():
     runs = runs_of({"a": 0.8, "b": 0.7}, seeds=(0, 1, 2))
     runs["b"] = runs["b"][:2]

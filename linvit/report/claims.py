@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from linvit.config import NO_DESIGN, budgets
-from linvit.grid import REFERENCE_INIT, REFERENCE_VARIANT
+from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT
 from linvit.report import stats
 from linvit.report.roles import (ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_MLP_DISTILL, MLP_ONLY, RANDOM,
                                  ROLES, RoleMatch, resolve_roles)
@@ -40,7 +40,6 @@ from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
 
 NOT_EVALUABLE = "not evaluable"
 REFERENCE = REFERENCE_INIT  # the softmax reference, as a role of a statistic
-CONTROL_VARIANT = REFERENCE_VARIANT  # `softmax` in `variants`: the positive control, never a claim's cell
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import pandas as pd
 from linvit.config import NO_DESIGN, REFERENCE_INIT, budgets, design_names, design_specs
 from linvit.grid import (REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_path, report_files, shards_dir,
                          teacher_dir)
-from linvit.io import write_text
+from linvit.io import read_json, write_text
 from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, benchmark_jobs, collect, rule_costs,
                                      write_csv)
 from linvit.report.claims import CONTROL_VARIANT, ClaimVerdict, evaluate_claims
@@ -167,8 +167,9 @@ def scale_markdown(config: dict, runs: pd.DataFrame, results: str | Path) -> str
 
 
 def _read_json(path: Path) -> dict:
+    """The file's JSON object, or {} when it is missing or unreadable: the scale section then says n/a."""
     try:
-        return json.loads(path.read_text())
+        return read_json(path)
     except (OSError, ValueError):
         return {}
 

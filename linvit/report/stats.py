@@ -368,12 +368,3 @@ def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
             break
         rejected[i] = True
     return rejected
-
-
-def interval_text(e: Estimate, scale: float = 100.0, unit: str = " pp") -> str:
-    """'+1.20 pp [95% CI -0.30, +2.60]' (values times `scale`); '[no interval]' below two seeds."""
-    def num(x):
-        return ("+inf" if x > 0 else "-inf") if math.isinf(x) else f"{scale * x:+.2f}"
-    if math.isnan(e.low) or math.isnan(e.high):
-        return f"{scale * e.estimate:+.2f}{unit} [no interval]"
-    return f"{scale * e.estimate:+.2f}{unit} [{100 * e.level:g}% CI {num(e.low)}, {num(e.high)}]"

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from timm.layers import LayerNorm
 from torch import nn
 
-from ..onednn import contract_tokens, matmul
 
 ATTENTION: dict[str, type["LinearAttention"]] = {}
 # Called with each newly registered name (models.py registers the timm entry points this way).
@@ -206,9 +205,7 @@ class _KernelCore(torch.autograd.Function):
     normalizer's backward as two elementwise passes (autograd took an outer product through a
     batched matmul for the latter, 7 ms of hedgehog's 94 at 4,096 tokens), results divided in
     place, and nothing recomputed. Measured at (2, 4, 4096, F) with D = 32 on the CPU, forward and
-    backward: 16.9 -> 9.3 ms for F = 32, 33.3 -> 16.7 ms for F = 64 (against the einsum form).
-    The products over features (tall: N rows) go through `linvit.onednn.matmul`, those over tokens
-    through `linvit.onednn.contract_tokens`."""
+    backward: 16.9 -> 9.3 ms for F = 32, 33.3 -> 16.7 ms for F = 64 (against the einsum form)."""
 
     @staticmethod
     def forward(ctx, fq, fk, v, eps, fq_num, fk_num, clamp):
@@ -222,10 +219,10 @@ class _KernelCore(torch.autograd.Function):
         a, b = (fq_num, fk_num) if rotary else (fq, fk)
         n = fk.shape[-2]
         kmean = fk.mean(dim=-2, keepdim=True)  # (B, H, 1, F)
-        kv = contract_tokens(b, v).div_(n)  # (B, H, F, D)
+        kv = (b.transpose(-1, -2) @ v).div_(n)  # (B, H, F, D)
         den = fq @ kmean.transpose(-1, -2)  # (B, H, N, 1)
         den = den.clamp_min_(eps) if clamp else den.add_(eps)
-        out = matmul(a, kv).div_(den)
+        out = (a @ kv).div_(den)
         ctx.save_for_backward(fq, v, kv, kmean, den, out, a, b)
         ctx.rotary, ctx.n, ctx.fk_shape = rotary, n, fk.shape
         ctx.floor = eps if clamp else None
@@ -241,11 +238,11 @@ class _KernelCore(torch.autograd.Function):
         g_den = (g_num * out).sum(dim=-1, keepdim=True).neg_()  # (B, H, N, 1)
         if ctx.floor is not None:  # no gradient where the clamp held the normalizer at its floor
             g_den.mul_(den > ctx.floor)
-        g_kv = contract_tokens(a, g_num).div_(n)  # (B, H, F, D)
+        g_kv = (a.transpose(-1, -2) @ g_num).div_(n)  # (B, H, F, D)
         g_kmean = (g_den.transpose(-1, -2) @ fq).div_(n)  # (B, H, 1, F): d/d fk_j, every token j
-        g_a = matmul(g_num, kv.transpose(-1, -2))  # (B, H, N, F)
-        g_b = matmul(v, g_kv.transpose(-1, -2))
-        g_v = matmul(b, g_kv)
+        g_a = g_num @ kv.transpose(-1, -2)  # (B, H, N, F)
+        g_b = v @ g_kv.transpose(-1, -2)
+        g_v = b @ g_kv
         if not ctx.rotary:  # fq and fk feed both: their two gradients summed in place
             return g_a.addcmul_(g_den, kmean), g_b.add_(g_kmean), g_v, None, None, None, None
         return g_den * kmean, g_kmean.expand(ctx.fk_shape), g_v, None, g_a, g_b, None

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import LinearAttention, merge_heads, register_attention
-from .depthwise import depthwise_conv2d
 
 
 class _FocusMap(torch.autograd.Function):
@@ -107,8 +106,9 @@ class FocusedAttention(LinearAttention):
 
     def mix(self, v):
         b, h, n, d = v.shape
-        conv = depthwise_conv2d(self._grid(v), self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype),
-                                self.dwc.padding)
+        grid = self._grid(v)
+        conv = F.conv2d(grid, self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype), padding=self.dwc.padding,
+                        groups=grid.shape[1])
         conv = conv.permute(0, 2, 3, 1).reshape(b, h, -1, d)
         if not self.num_prefix_tokens:
             return conv

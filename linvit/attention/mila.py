@@ -47,7 +47,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import ImplicitAttention, LinearAttention, elu_plus_one, kernel_attention, register_attention
-from .depthwise import depthwise_conv2d
 
 
 # -- helpers shared with rala.py --------------------------------------------------------------------
@@ -139,7 +138,8 @@ class PatchLePE(nn.Module):
         # the one the qkv projection's tokens already have (channel c = h*D + d).
         img = v[:, :, patches].transpose(1, 2).reshape(b, gh, gw, h * d).permute(0, 3, 1, 2)
         img = img.contiguous(memory_format=torch.channels_last)
-        out = depthwise_conv2d(img, self.conv.weight.to(v.dtype), self.conv.bias.to(v.dtype), self.conv.padding)
+        out = F.conv2d(img, self.conv.weight.to(v.dtype), self.conv.bias.to(v.dtype), padding=self.conv.padding,
+                       groups=img.shape[1])
         out = out.permute(0, 2, 3, 1).reshape(b, gh * gw, h, d).transpose(1, 2)
         return F.pad(out, (0, 0, patches.start, 0)) if patches.start else out  # prefix: no term
 

@@ -55,7 +55,6 @@ import math
 
 import torch
 
-from ..onednn import matmul, matmul_mul_matmul
 from .base import LOG2E, LinearAttention, exp_, register_attention
 
 
@@ -79,15 +78,14 @@ class _FavorCore(torch.autograd.Function):
     """`PerformerAttention.attend` in one function with its backward pass written out: the same
     products, with the (B, H, N, m) feature tensors updated in place and reused, and nothing
     recomputed. Inputs: q, k, v (B, H, N, D); w_t (D + 1, m) = [d^-1/4 W, -1]^T; scale2 = d^-1/2;
-    the stabilizer offset 1/2 ln m; c = m^-1/2 kernel_eps; eps (the normalizer's). The products
-    with N rows go through `linvit.onednn.matmul`."""
+    the stabilizer offset 1/2 ln m; c = m^-1/2 kernel_eps; eps (the normalizer's)."""
 
     @staticmethod
     def _features(x, w_t, scale2, offset, is_query):
         # Every term in units of log 2 (times log2 e), so the exponential is exp2 (see base.exp_):
         # the factor rides on the small (D, m) matrix and the per-token terms, not on z.
         half_sq = (0.5 * scale2 * LOG2E) * (x * x).sum(dim=-1, keepdim=True)  # |x'|^2 / 2
-        z = matmul(x, w_t[:-1] * LOG2E)  # w.x', (B, H, N, m)
+        z = x @ (w_t[:-1] * LOG2E)  # w.x', (B, H, N, m)
         stab = z.amax(dim=-1, keepdim=True)  # max of w.x' per query token
         if not is_query:
             stab = stab.amax(dim=-2, keepdim=True)  # ... per head for keys
@@ -102,7 +100,7 @@ class _FavorCore(torch.autograd.Function):
         va = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1).div_(n)  # (B, H, N, D + 1)
         vk = va.transpose(-1, -2) @ ek  # (B, H, D + 1, m)
         vk += c * va.sum(dim=-2).unsqueeze(-1)
-        out = matmul(eq, vk.transpose(-1, -2))  # (B, H, N, D + 1)
+        out = eq @ vk.transpose(-1, -2)  # (B, H, N, D + 1)
         out += c * vk.sum(dim=-1).unsqueeze(-2)
         den = out[..., -1:] + eps
         res = out[..., :-1] / den
@@ -119,15 +117,14 @@ class _FavorCore(torch.autograd.Function):
         # out = e(Q) vk^T + c 1 (sum_r vk_r)^T
         g_vk = g_out.transpose(-1, -2) @ eq  # (B, H, D + 1, m)
         g_vk += c * g_out.sum(dim=-2).unsqueeze(-1)
-        g_va = matmul(ek, g_vk.transpose(-1, -2))  # (B, H, N, D + 1)
+        g_va = ek @ g_vk.transpose(-1, -2)  # (B, H, N, D + 1)
         g_va += c * g_vk.sum(dim=-1).unsqueeze(-2)
         d = q.shape[-1]
         w = w_t.transpose(-1, -2)
-        # through exp (g e), then the product with [d^-1/4 W, -1]; matrix by matrix, so that
-        # each (N, m) intermediate is used while in cache
-        g_xa = matmul_mul_matmul(g_out, vk, eq, w)  # out = e(Q) vk^T + ...
+        # through exp (g e), then the product with [d^-1/4 W, -1]
+        g_xa = ((g_out @ vk).mul_(eq)) @ w  # out = e(Q) vk^T + ...
         g_q = torch.addcmul(g_xa[..., :d], g_xa[..., d:], q, value=ctx.scale2)
-        g_xa = matmul_mul_matmul(va, g_vk, ek, w)  # vk = [V, 1]^T e(K) / n + c sum_j [v_j, 1] / n
+        g_xa = ((va @ g_vk).mul_(ek)) @ w  # vk = [V, 1]^T e(K) / n + c sum_j [v_j, 1] / n
         g_k = torch.addcmul(g_xa[..., :d], g_xa[..., d:], k, value=ctx.scale2)
         g_v = g_va[..., :-1] / n
         return g_q, g_k, g_v, None, None, None, None, None

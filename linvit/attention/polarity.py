@@ -53,9 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..onednn import contract_tokens, matmul
 from .base import LOG2E, ImplicitAttention, LinearAttention, register_attention
-from .depthwise import depthwise_conv2d
 
 _X_MAX = 1e6
 _LOG_X_MAX = math.log(_X_MAX)  # as float32 rounds it: log(min(a, 1e6)) reaches it at the cap
@@ -147,8 +145,7 @@ class _PolarityCore(torch.autograd.Function):
     x = phi(q) . swap(x)): one product of phi(K) gives numerators' and normalizers' matrix, one of
     phi(Q) all of them. One autograd Function with its backward written out: the products as
     autograd would take them, the quotient's gradients as two elementwise passes, the small
-    (2D, D + 2) matrices' cats and swaps undone by hand. The tall products (N rows) go through
-    `linvit.onednn.matmul`, the reductions over tokens through `contract_tokens`. With the
+    (2D, D + 2) matrices' cats and swaps undone by hand. With the
     features' own passes (`_PolarityPowers`), measured on an Intel Xeon with AVX-512 at 4,096
     tokens, the module's forward and backward (`linvit benchmark`'s step), median of 5 runs
     alternating with autograd over the same ops: 98.7 against 109.5 ms on one thread, 52.6
@@ -159,11 +156,11 @@ class _PolarityCore(torch.autograd.Function):
         n, d = v.shape[-2:]
         half = d // 2
         va = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
-        kva = contract_tokens(fk, va).div_(n)  # (B, H, 2D, D + 1): a reduction over tokens
+        kva = (fk.transpose(-1, -2) @ va).div_(n)  # (B, H, 2D, D + 1): a reduction over tokens
         kv, k_mean = kva[..., :d], kva[..., d:]
         mat = torch.cat([kv[..., :half], _swap(kv[..., half:], dim=-2),
                          k_mean, _swap(k_mean, dim=-2)], dim=-1)
-        r = matmul(fq, mat)  # (B, H, N, D + 2): tall, through oneDNN where that pays
+        r = fq @ mat  # (B, H, N, D + 2)
         inv_den = (r[..., d:] + eps).reciprocal_().unsqueeze(-1)  # (B, H, N, 2, 1)
         num = r[..., :d].unflatten(-1, (2, half))
         if start == 0:  # no prefix tokens: the conv term and the quotient in one pass
@@ -186,14 +183,14 @@ class _PolarityCore(torch.autograd.Function):
         # d/d den of num / den: -sum_c g_c num_c / den^2, per value half
         g_den = (g_num * r[..., :d].unflatten(-1, (2, half))).sum(dim=-1).mul_(inv_den.squeeze(-1)).neg_()
         g_r = torch.cat([g_num.flatten(-2), g_den], dim=-1)  # (B, H, N, D + 2)
-        g_fq = matmul(g_r, mat.transpose(-1, -2))  # (B, H, N, 2D)
-        g_mat = contract_tokens(fq, g_r)  # (B, H, 2D, D + 2): a reduction over tokens
+        g_fq = g_r @ mat.transpose(-1, -2)  # (B, H, N, 2D)
+        g_mat = fq.transpose(-1, -2) @ g_r  # (B, H, 2D, D + 2): a reduction over tokens
         # undo the cat and the swaps of the small matrix: d/d kva, with kva's 1/n
         g_kv_low, g_kv_high, g_k1, g_k2 = g_mat.split([half, half, 1, 1], dim=-1)
         g_kva = torch.cat([g_kv_low, _swap(g_kv_high, dim=-2),
                            g_k1 + _swap(g_k2, dim=-2)], dim=-1).div_(n)
-        g_fk = matmul(va, g_kva.transpose(-1, -2))  # (B, H, N, 2D)
-        g_v = matmul(fk, g_kva[..., :d])  # (B, H, N, D)
+        g_fk = va @ g_kva.transpose(-1, -2)  # (B, H, N, 2D)
+        g_v = fk @ g_kva[..., :d]  # (B, H, N, D)
         g_conv = grad if ctx.start == 0 else grad[:, :, ctx.start:]
         return g_fq, g_fk, g_v, None, g_conv, None
 
@@ -279,7 +276,8 @@ class PolarityAttention(LinearAttention):
         gh, gw = self.grid_size
         # (B*H, gh, gw, D) permuted to NCHW is channels-last: the fast layout for depthwise convs
         grid = v[:, :, self.patch_slice(n)].reshape(b * h, gh, gw, d).permute(0, 3, 1, 2)
-        conv = depthwise_conv2d(grid, self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype), self.dwc.padding)
+        conv = F.conv2d(grid, self.dwc.weight.to(v.dtype), self.dwc.bias.to(v.dtype), padding=self.dwc.padding,
+                        groups=grid.shape[1])
         return conv.permute(0, 2, 3, 1).reshape(b, h, gh * gw, d)
 
     def mix(self, v):

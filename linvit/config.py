@@ -190,6 +190,10 @@ def check_names(config: dict) -> None:
         raise ConfigError(f"config key init_strategies: {REFERENCE_INIT!r} names the softmax reference runs, "
                           f"not an init strategy; rename it")
     _known("init strategy", "inits", config["inits"], strategies)
+    outside = [n for n in config.get("control_inits") or [] if n not in config["inits"]]
+    if outside:
+        raise ConfigError(f"config key control_inits: {', '.join(map(repr, outside))} not in inits "
+                          f"({', '.join(config['inits'])}); the control takes a subset of them")
     losses = {*names("loss"), *LOSS_ALIASES}
     if "loss" in config["distill"]:
         _known("distillation loss", "distill.loss", [config["distill"]["loss"]], losses)

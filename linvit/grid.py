@@ -174,13 +174,22 @@ def report_files(with_benchmark: bool, report: str | Path = REPORT, results: str
             + [f"{results}/{name}" for name in RESULTS_TABLES])
 
 
+def inits_of(config: dict, variant: str) -> list[str]:
+    """The init strategies a variant's students take: `inits`, or for the softmax control
+    `control_inits` where the config narrows it (the control needs only the strategies whose
+    statistics it shows beside the linear variants)."""
+    if variant == CONTROL_VARIANT and config.get("control_inits") is not None:
+        return list(config["control_inits"])
+    return list(config["inits"])
+
+
 def student_cells(config: dict) -> list[Cell]:
     """Every (target dataset, size, variant, init strategy, design, budget, seed) the config asks for:
     a distilling init strategy once per design it takes (linvit.config.designs). A softmax variant
-    gives the control students (their init a strategy's, never 'reference')."""
+    gives the control students (their init a strategy's, never 'reference'), by `inits_of`."""
     return [Cell(d, s, v, i, int(seed), design, int(b))
             for d in config["targets"] for s in config["sizes"] for v in config["variants"]
-            for i in config["inits"] for design in designs(config, i) for b in budgets(config)
+            for i in inits_of(config, v) for design in designs(config, i) for b in budgets(config)
             for seed in config["seeds"]]
 
 

@@ -151,6 +151,22 @@ def test_the_softmax_control_is_shown_beside_each_variant_and_decides_nothing(tm
     assert "softmax" not in v["C4"].axes["variants"]
 
 
+def test_a_narrowed_control_shows_only_the_statistics_it_runs(tmp_path):
+    """control_inits: the control trains only the attention-transfer strategies; its C1 tests are
+    evaluated, its C2 and C3 tests say why not, and the control table leaves their rows out."""
+    config = {**BASE, "variants": ["linA", "softmax"],
+              "control_inits": ["random", "copy_all", "copy_mlp", "attn_only"]}
+    v = verdicts_of(tmp_path, config)
+    assert v["C1"].controls[0].test("attn_alone").estimate == pytest.approx(0.24 / 0.28)
+    mlp = v["C2"].controls[0].test("mlp_on_top")
+    assert mlp.outcome == NOT_EVALUABLE and mlp.note == "not in the control (control_inits): it runs no copy_attn"
+    assert v["C2"].verdict == "supported" and v["C3"].verdict == "supported"  # from linA, as before
+    text = control_markdown(list(v.values()), config)
+    assert "C1 attention copied alone (strict)" in text
+    assert "C2 everything but the attention" in text  # random, copy_all and copy_mlp: in the control
+    assert "C2 the MLPs" not in text and "C3 " not in text
+
+
 def test_markdown_json_and_minimum_detectable_effects(tmp_path):
     v = verdicts_of(tmp_path, {**BASE, "variants": ["linA"]})
     verdicts = list(v.values())

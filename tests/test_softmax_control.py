@@ -53,6 +53,23 @@ def test_softmax_students_are_cells_of_their_own_beside_the_reference():
     assert {c.init for c in distilled} == {"copy_mlp_distill", "mohawk"}
 
 
+def test_control_inits_narrows_the_control_students_only():
+    config = with_softmax(SMOKE)
+    config["control_inits"] = ["random", "copy_all"]
+    assert validate(config) is config
+    students = grid.student_cells(config)
+    assert {c.init for c in students if c.variant == "softmax"} == {"random", "copy_all"}
+    assert {c.init for c in students if c.variant != "softmax"} == set(config["inits"])
+    assert not [c for c in grid.distill_cells(config) if c.variant == "softmax"]
+
+
+def test_control_inits_outside_inits_is_one_line_naming_the_key():
+    config = with_softmax(SMOKE)
+    config["control_inits"] = ["random", "warm"]
+    with pytest.raises(Exception, match=r"^config key control_inits: 'warm' not in inits \("):
+        validate(config)
+
+
 CONFIG = {
     "seeds": [0], "sizes": ["micro"], "variants": ["elu", "softmax"], "targets": ["synthetic"],
     "inits": ["copy_all", "copy_mlp_distill", "attention_transfer"],

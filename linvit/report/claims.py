@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from linvit.config import NO_DESIGN, budgets
-from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT
+from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT, inits_of
 from linvit.report import stats
 from linvit.report.roles import (ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_MLP_DISTILL, MLP_ONLY, RANDOM,
                                  ROLES, RoleMatch, resolve_roles)
@@ -229,6 +229,10 @@ class ClaimVerdict:
         return asdict(self)
 
 
+# Why a control cell's test is not evaluated where `control_inits` leaves out one of its strategies.
+CONTROL_NARROWED = "not in the control (control_inits)"
+
+
 def claim_cells(config: dict) -> list[tuple[str, str, str, int]]:
     """Every (dataset, size, variant, budget) cell, budget by budget (the control variant's too)."""
     return [(d, s, v, int(b)) for b in budgets(config) for d in config["targets"] for s in config["sizes"]
@@ -254,7 +258,7 @@ def evaluate_claims(runs: pd.DataFrame, config: dict, predictions: dict | None =
     verdicts = []
     for claim in CLAIMS:
         absent = [matches[r].absent() for r in claim.roles if r != REFERENCE and matches[r].strategy is None]
-        cells = [_judge(claim, _Cell(cell, matches, ok, predictions), thresholds, settings)
+        cells = [_judge(claim, _Cell(cell, matches, ok, predictions, inits_of(config, cell[2])), thresholds, settings)
                  for cell in claim_cells(config)]
         verdict = _overall(claim.name, claim.statement, [c for c in cells if not c.control], absent)
         verdict.controls = [c for c in cells if c.control]
@@ -270,9 +274,9 @@ class _Cell:
     """The finished runs of one cell, looked up by role (the reference by REFERENCE)."""
 
     def __init__(self, cell: tuple[str, str, str, int], matches: dict[str, RoleMatch], ok: pd.DataFrame,
-                 predictions: dict):
+                 predictions: dict, inits: list[str]):
         self.dataset, self.size, self.variant, self.budget = cell
-        self.matches, self.predictions = matches, predictions
+        self.matches, self.predictions, self.inits = matches, predictions, inits
         self.ok = ok[(ok["dataset"] == self.dataset) & (ok["size"] == self.size) & (ok["budget"] == self.budget)]
 
     def key(self, role: str) -> tuple[str, str] | None:
@@ -295,6 +299,8 @@ class _Cell:
         for role in roles:
             if role != REFERENCE and self.matches[role].strategy is None:
                 return f"no strategy of the grid fills {role}"
+            if role != REFERENCE and self.matches[role].strategy not in self.inits:
+                return f"{CONTROL_NARROWED}: it runs no {self.matches[role].strategy}"
             if self.key(role) is None:
                 return f"{self.label(role)} has no distillation design (set `distills`)"
             if not self.runs(role):

@@ -7,8 +7,8 @@ import math
 
 from linvit.config import NO_DESIGN
 from linvit.report import stats
-from linvit.report.claims import (CLAIMS, CONTROL_VARIANT, NOT_EVALUABLE, ClaimVerdict, Thresholds, TestOutcome,
-                                  linear_variants)
+from linvit.report.claims import (CLAIMS, CONTROL_NARROWED, CONTROL_VARIANT, NOT_EVALUABLE, ClaimVerdict,
+                                  Thresholds, TestOutcome, linear_variants)
 from linvit.report.roles import resolve_roles
 
 _STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
@@ -149,6 +149,10 @@ def control_markdown(verdicts: list[ClaimVerdict], config: dict) -> str:
             for name in [t.name for t in v.controls[0].tests] if v.controls[0].tests else []:
                 if name in ("gap_closed",):
                     continue
+                control = cells.get((dataset, size, budget, CONTROL_VARIANT))
+                narrowed = control.test(name) if control else None
+                if narrowed is not None and narrowed.note.startswith(CONTROL_NARROWED):
+                    continue  # the control does not run this statistic's strategies
                 values = []
                 for variant in variants:
                     cell = cells.get((dataset, size, budget, variant))

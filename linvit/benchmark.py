@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .attention import ATTENTION, available_variants
-from .device import Runtime, resolve_cpu_linear
+from .device import Runtime
 from .registry import SOFTMAX
 
 if TYPE_CHECKING:
@@ -32,13 +32,11 @@ SCOPES = ("module", "core")
 
 
 def _stepper(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_dim: int = 32,
-             scope: str = "core", device: torch.device | str = "cpu", compile: str | None = None,
-             cpu_linear: str | None = None):
+             scope: str = "core", device: torch.device | str = "cpu", compile: str | None = None):
     """One forward+backward pass of `variant` on (batch, tokens, heads*head_dim) patch tokens, as a
     function (the module and its inputs built once, compiled by the `compile` backend if given),
     warmed up; the device's synchronize; and the pass's floating-point operations (`count_flops`,
-    counted on the eager pass, which is also the warm-up). `cpu_linear`: the projections' kernels on
-    the CPU, as a pipeline run's `runtime.cpu_linear` (Runtime.place; None: as auto resolves)."""
+    counted on the eager pass, which is also the warm-up)."""
     if scope not in SCOPES:
         raise ValueError(f"unknown benchmark scope {scope!r}; known: {', '.join(SCOPES)}")
     side = _grid_side(tokens)
@@ -46,7 +44,7 @@ def _stepper(variant: str, tokens: int, *, batch: int = 2, heads: int = 4, head_
     dim = heads * head_dim
     device = torch.device(device)
     op = ATTENTION[variant](dim, heads, qkv_bias=True, grid_size=(side, side), num_prefix_tokens=0)
-    op = Runtime(device, "fp32", cpu_linear=resolve_cpu_linear(cpu_linear)).place(op)
+    op = Runtime(device, "fp32").place(op)
     x = torch.randn(batch, tokens, dim).to(device).requires_grad_()  # same numbers on every device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     with torch.no_grad():
@@ -98,8 +96,7 @@ def _flop_formulas() -> dict:
       torch's own flash-attention formulas (whose backward recomputes the scores);
     - a convolution's backward ignores `groups`, so a depthwise convolution's weight gradient
       counts C times its products (6.8 GFLOP for rala's 5x5 LePE at 4,096 tokens, against 0.05
-      for its forward): each of the gradients asked for takes exactly the forward's products;
-    - oneDNN's linear op (linvit.onednn, the CPU default) is not counted: 2 M N K, as addmm.
+      for its forward): each of the gradients asked for takes exactly the forward's products.
     """
     from torch.utils import flop_counter as fc
 
@@ -117,13 +114,7 @@ def _flop_formulas() -> dict:
         forward = fc.conv_flop_count(x_shape, w_shape, grad_out_shape, transposed=transposed)
         return forward * (bool(output_mask[0]) + bool(output_mask[1]))
 
-    def onednn_linear(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
-        return 2 * math.prod(x_shape) * w_shape[0]
-
-    ops = {}
-    if hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        ops[torch.ops.mkldnn._linear_pointwise] = onednn_linear
-    return {**ops, aten._scaled_dot_product_flash_attention_for_cpu: attention,
+    return {aten._scaled_dot_product_flash_attention_for_cpu: attention,
             aten._scaled_dot_product_flash_attention_for_cpu_backward: attention_backward,
             aten.convolution_backward: conv_backward}
 
@@ -233,8 +224,6 @@ def _time_round_robin(names: list[str], n: int, *, repeats: int, min_seconds: fl
         rows.append({"variant": v, "tokens": n, "scope": shape.get("scope", "core"),
                      "device": str(shape.get("device", "cpu")), "dtype": "float32+tf32" if tf32 else "float32",
                      "compile": shape.get("compile") or "none",
-                     "cpu_linear": (resolve_cpu_linear(shape.get("cpu_linear"))
-                                    if torch.device(shape.get("device", "cpu")).type == "cpu" else ""),
                      "seconds": seconds, "rounds": len(times[v]), "seconds_low": min(times[v]),
                      "seconds_high": max(times[v]), "round_seconds": times[v],
                      "gflop": flops[v] / 1e9, "gflop_per_s": flops[v] / 1e9 / seconds})

@@ -193,7 +193,7 @@ def cmd_benchmark(args):
     df = run_benchmark(args.variants.split(",") if args.variants else None, tokens,
                        max_softmax_tokens=args.max_softmax_tokens, batch=args.batch, heads=args.heads,
                        head_dim=args.head_dim, scope=args.scope, device=device, compile=args.compile,
-                       cpu_linear=rt.cpu_linear, repeats=args.rounds)
+                       repeats=args.rounds)
     with atomic_path(args.out) as tmp:
         df.to_csv(tmp, index=False)
     table = df.pivot(index="variant", columns="tokens", values="seconds") * 1e3
@@ -315,9 +315,6 @@ def main(argv=None) -> int:
     """Run one command; 0 on success. Called without `argv` (the `linvit` console command), the
     process ends here through os._exit once its output is flushed: a job's result is written by
     then, and tearing down torch's modules and objects at interpreter exit took ~2 s per job."""
-    from .allocator import keep_freed_memory
-
-    keep_freed_memory()  # before any tensor: every batch's activations reuse the same pages
     code = _run(argv)
     stamp("finished")
     if argv is None:

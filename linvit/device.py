@@ -10,10 +10,6 @@ the same object, so the models, the batches, evaluation and the benchmark agree 
     compile    false (default) | true (inductor) | a torch.compile backend name (aot_eager, ...)
     workers    auto (the job's torch threads on CUDA, 0 on the CPU) | N: threads decoding each batch
                (in order, so the batches stay exactly the same; 0 decodes in the loop's own thread)
-    cpu_linear auto (onednn where linvit.onednn.available(), else native) | onednn | native: what
-               computes the models' fp32 linear layers on the CPU (`Runtime.place`); oneDNN was 2.5x
-               MKL's speed on this project's AMD machine, 0.79 of MKL's time for a micro ViT's
-               evaluation on an Intel Xeon, and agrees with it to float rounding
 
 Under torchrun (WORLD_SIZE > 1) the runtime also holds the job's `linvit.distributed.World`, and
 `cuda`/`auto` mean this process's GPU, cuda:LOCAL_RANK.
@@ -33,8 +29,7 @@ from .distributed import World
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-RUNTIME_KEYS = ("device", "precision", "compile", "workers", "cpu_linear")
-CPU_LINEARS = ("auto", "onednn", "native")
+RUNTIME_KEYS = ("device", "precision", "compile", "workers")
 
 
 @dataclass(frozen=True)
@@ -44,8 +39,6 @@ class Runtime:
     compile: str | None = None   # a torch.compile backend, None for eager
     workers: int = 0             # decoding threads of the loader (linvit.data.loader.ShardSet)
     world: World = World()       # the ranks of a torchrun job (one process without torchrun)
-    # resolved: onednn or native (see the module docstring); by default as auto resolves
-    cpu_linear: str = field(default_factory=lambda: resolve_cpu_linear(None))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -77,31 +70,17 @@ class Runtime:
                      for t in tensors)
 
     def place(self, model: torch.nn.Module) -> torch.nn.Module:
-        """`model` on the device (in place, as nn.Module.to); on the CPU with cpu_linear onednn, its
-        nn.Linear layers (and timm Mlps in evaluation) compute through oneDNN from then on
-        (linvit.onednn.use_onednn)."""
-        model = model.to(self.device)
-        if self.device.type == "cpu" and self.cpu_linear == "onednn":
-            from .onednn import use_onednn
-
-            use_onednn(model)
-        return model
+        """`model` on the device (in place, as nn.Module.to)."""
+        return model.to(self.device)
 
     def describe(self) -> dict:
         """What results record next to a figure measured under this runtime (eval.json)."""
-        out = {"device": str(self.device), "precision": self.precision, "dtype": str(self.dtype).split(".")[-1]}
-        if self.device.type == "cpu":
-            out["cpu_linear"] = self.cpu_linear
-        return out
+        return {"device": str(self.device), "precision": self.precision, "dtype": str(self.dtype).split(".")[-1]}
 
     def fingerprint(self) -> dict:
-        """What changes a run's numbers: the precision, the compile backend and, on the CPU, the
-        linear kernels (by float rounding). Not the device: a checkpoint written on one device
-        resumes on another (state is loaded with map_location)."""
-        out = {"precision": self.precision, "compile": self.compile or False}
-        if self.device.type == "cpu":
-            out["cpu_linear"] = self.cpu_linear
-        return out
+        """What changes a run's numbers: the precision and the compile backend. Not the device: a
+        checkpoint written on one device resumes on another (state is loaded with map_location)."""
+        return {"precision": self.precision, "compile": self.compile or False}
 
 
 def resolve_device(value, key: str = "runtime.device") -> torch.device:
@@ -156,17 +135,6 @@ def resolve_workers(value, device: torch.device, key: str = "runtime.workers") -
     raise ValueError(f"{key}: {value!r} is not auto or a whole number of threads from 0")
 
 
-def resolve_cpu_linear(value, key: str = "runtime.cpu_linear") -> str:
-    value = "auto" if value is None else value
-    if value not in CPU_LINEARS:
-        raise ValueError(f"{key}: unknown value {value!r}; known: {', '.join(CPU_LINEARS)}")
-    if value == "auto":
-        from .onednn import available
-
-        return "onednn" if available() else "native"
-    return value
-
-
 def runtime(config: dict | None = None, device: str | None = None) -> Runtime:
     """The Runtime of a step from the config's `runtime:` section and the `--device` flag (which
     overrides runtime.device). Also turns on TF32 matmuls when the device is CUDA."""
@@ -184,7 +152,6 @@ def runtime(config: dict | None = None, device: str | None = None) -> Runtime:
     precision = resolve_precision(section.get("precision"), dev, "config key runtime.precision")
     backend = resolve_compile(section.get("compile"), "config key runtime.compile")
     workers = resolve_workers(section.get("workers"), dev, "config key runtime.workers")
-    cpu_linear = resolve_cpu_linear(section.get("cpu_linear"), "config key runtime.cpu_linear")
     # Joined only once every setting is known to be good: a bad value fails before any rank waits.
     world = World.from_env(dev.type)
     if world.parallel and dev.type == "cuda":
@@ -197,10 +164,9 @@ def runtime(config: dict | None = None, device: str | None = None) -> Runtime:
         # torch's new TF32 API only: mixing it with the legacy allow_tf32 flags is an error in torch 2.14.
         torch.backends.cuda.matmul.fp32_precision = "tf32"
         torch.backends.cudnn.conv.fp32_precision = "tf32"
-    return Runtime(dev, precision, backend, workers, world, cpu_linear)
+    return Runtime(dev, precision, backend, workers, world)
 
 
 def cpu_runtime() -> Runtime:
-    """The runtime of a caller that names none: the CPU in fp32, eager, linear layers as
-    cpu_linear auto resolves."""
+    """The runtime of a caller that names none: the CPU in fp32, eager."""
     return Runtime(torch.device("cpu"), "fp32", None)

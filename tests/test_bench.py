@@ -120,34 +120,3 @@ def test_train_ratio_is_the_median_pair_so_a_slow_spell_hitting_both_runs_drops_
     assert got["fit_over_bare_lowest"] == pytest.approx(min(pairs))
     assert got["fit_over_bare_highest"] == pytest.approx(max(pairs))
     assert got["steps"] == 1
-
-
-def test_the_bare_loop_and_fit_train_with_the_same_linear_kernels(shards, monkeypatch):
-    """Both models are placed by the job's runtime, so with cpu_linear onednn both compute their
-    linear layers through oneDNN (a fair ratio), and with native neither does."""
-    import torch
-
-    import linvit.steps
-    import linvit.train
-    from linvit.device import Runtime
-    from linvit.onednn import Linear
-
-    built = []
-    real = bench._model
-
-    def model(*args, **kwargs):
-        built.append(real(*args, **kwargs))
-        return built[-1]
-
-    monkeypatch.setattr(bench, "_model", model)
-    config = bench.load(None)
-    for cpu_linear, kind in [("onednn", Linear), ("native", torch.nn.Linear)]:
-        built.clear()
-        runtime = Runtime(torch.device("cpu"), "fp32", cpu_linear=cpu_linear)
-        data = bench._job_data(config, shards, runtime)
-        spec = bench._student_spec(config, 1, eval_every=0, checkpoint_every=0)
-        bench.bare_loop(config, data, bench._train_batches(data, spec, 1), spec, runtime)
-        task = linvit.steps.ClassifyTask(bench._model(config, data), data, spec, runtime)
-        linvit.train.fit(task, spec, data, shards.parent / f"fit-{cpu_linear}", seed=0, desc="t", runtime=runtime)
-        assert len(built) == 2
-        assert all(type(m.head) is kind and type(m.blocks[0].attn.qkv) is kind for m in built)

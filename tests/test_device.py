@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from linvit import cli, device, steps
 from linvit import train as train_mod
 from linvit.config import ConfigError, validate
-from linvit.device import Runtime, resolve_cpu_linear, runtime
+from linvit.device import Runtime, runtime
 from linvit.report.aggregate import _eval_fields
 
 from conftest import TINY_SYNTHETIC
@@ -59,8 +59,8 @@ def errors(err):
 def test_auto_is_the_cpu_in_fp32_eager_here():
     assert not torch.cuda.is_available()  # this suite runs on a machine without CUDA
     rt = runtime({})
-    assert rt == Runtime(CPU, "fp32", None, 0, cpu_linear=resolve_cpu_linear(None)) == runtime(
-        {"runtime": {"device": "auto", "precision": "auto", "workers": "auto", "cpu_linear": "auto"}})
+    assert rt == Runtime(CPU, "fp32", None, 0) == runtime(
+        {"runtime": {"device": "auto", "precision": "auto", "workers": "auto"}})
     assert rt.dtype == torch.float32 and rt.scaler() is None
     x, y = torch.randn(2, 3), torch.arange(2)
     assert all(a is b for a, b in zip(rt.batch(x, y), (x, y)))  # no copy, no pinning on the CPU
@@ -145,7 +145,7 @@ def test_the_device_flag_overrides_the_config(shards, tmp_path, capsys):
     rc, err = cli_run(args + ["--device", "cpu"], capsys)
     assert rc == 0, err
     fp = json.loads((tmp_path / "t" / "config.json").read_text())["fingerprint"]
-    assert fp["runtime"] == {"precision": "fp32", "compile": False, "cpu_linear": resolve_cpu_linear(None)}
+    assert fp["runtime"] == {"precision": "fp32", "compile": False}
 
 
 # ----------------------------------------------------------------------------- precision

@@ -1,7 +1,9 @@
 """The Snakemake workflow: planning the default grid (also from a fresh clone), declaring what it
 reads and writes, lint, a torch-free parse, refusing bad configs, and the smoke grid end to end."""
 
+import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -268,6 +270,18 @@ def test_the_smoke_grid_runs_every_loss_design_axis_and_budget():
     baselines = [i for i in SMOKE["inits"] if SMOKE["init_strategies"][i].get("train_losses")
                  or isinstance(SMOKE["init_strategies"][i]["distill"], str)]
     assert len(baselines) >= 2
+
+
+def test_the_report_rule_hands_the_report_every_key_it_reads(tmp_path):
+    """The report states the images each student saw (student.train.batch_size) and expects the
+    control's cells from control_inits: both reach it through the rule's --config-json."""
+    out = snakemake(tmp_path, "report", "-n", "-p")
+    command = next(line for line in (out.stdout + out.stderr).splitlines() if "linvit report --config-json" in line)
+    words = shlex.split(command.strip())
+    cfg = json.loads(words[words.index("--config-json") + 1])
+    default = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
+    assert cfg["student"]["train"]["batch_size"] == default["student"]["train"]["batch_size"]
+    assert cfg["control_inits"] == default["control_inits"]
 
 
 def test_smoke_grid_end_to_end(tmp_path):

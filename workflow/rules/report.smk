@@ -3,9 +3,9 @@
 # use it after --keep-going left gaps.
 import glob
 
-REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "seeds", "budgets", "distills", "distill_designs",
-                        "distill.loss", "student.train.steps", "teacher", "teachers", "datasets", "init_strategies",
-                        "claims")
+REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "control_inits", "seeds", "budgets", "distills",
+                        "distill_designs", "distill.loss", "student.train.steps", "student.train.batch_size",
+                        "teacher", "teachers", "datasets", "init_strategies", "claims")
 
 
 # `linvit bench` (the harness's own benchmarks) writes results/bench/<machine>.csv; as with the operator

@@ -165,6 +165,16 @@ def test_a_narrowed_control_shows_only_the_statistics_it_runs(tmp_path):
     assert "C1 attention copied alone (strict)" in text
     assert "C2 everything but the attention" in text  # random, copy_all and copy_mlp: in the control
     assert "C2 the MLPs" not in text and "C3 " not in text
+    # The tables list no control row for a strategy the control does not run.
+    from linvit.report.tables import cost_table, designs_table, recipe_cost, summarize
+
+    runs, curves = collect(config, tmp_path)
+    assert (runs["status"] == "ok").all()
+    designs = designs_table(summarize(runs, config), config)
+    assert not ((designs["variant"] == "softmax") & (designs["init"] == "copy_mlp_distill")).any()
+    cost = cost_table(runs, curves, config)
+    assert not ((cost["variant"] == "softmax") & cost["init"].str.contains("copy_mlp_distill")).any()
+    assert "softmax" not in set(recipe_cost(runs, curves, config)["variant"])
 
 
 def test_markdown_json_and_minimum_detectable_effects(tmp_path):

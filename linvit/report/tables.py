@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 from linvit.config import NO_DESIGN, budgets, design_names, design_specs
-from linvit.grid import REFERENCE_INIT, REFERENCE_VARIANT
+from linvit.grid import REFERENCE_INIT, REFERENCE_VARIANT, inits_of
 from linvit.report.roles import (COPY_MLP_DISTILL, RANDOM, is_baseline, resolve_roles, strategy_designs)
 
 CELL = ["dataset", "size", "variant", "budget"]  # a claim cell: students and reference of one budget
@@ -116,8 +116,8 @@ def cost_table(runs: pd.DataFrame, curves: pd.DataFrame, config: dict) -> pd.Dat
         for role in COST_ROLES:
             reference = role == REFERENCE_INIT
             key = (REFERENCE_INIT, NO_DESIGN) if reference else roles[role].key
-            if key is None:
-                continue  # no strategy of the grid fills the role
+            if key is None or not (reference or key[0] in inits_of(config, variant)):
+                continue  # no strategy of the grid fills the role, or this variant runs none (control_inits)
             done = _select(in_cell, REFERENCE_VARIANT if reference else variant, *key)
             reach = [] if role == RANDOM else _steps_to_reach(curves, done, random_final)
             rows.append({"dataset": dataset, "size": size, "variant": variant, "budget": budget,
@@ -172,6 +172,8 @@ def recipe_cost(runs: pd.DataFrame, curves: pd.DataFrame, config: dict, per_seed
     for dataset, size, variant, budget in _cost_cells(config):
         where = {"dataset": dataset, "size": size, "variant": variant, "budget": budget,
                  "recipe": recipe.label, "tolerance": tolerance}
+        if recipe.key is not None and recipe.key[0] not in inits_of(config, variant):
+            continue  # the control's students take control_inits only
         if recipe.key is None or random.key is None:
             absent = recipe if recipe.key is None else random
             rows.append({**where, "n_seeds": 0, "seeds_reaching": 0,
@@ -315,6 +317,8 @@ def designs_table(summary: pd.DataFrame, config: dict) -> pd.DataFrame:
     for dataset, size, variant, budget in _cost_cells(config):
         for init, design, kind in entries:
             reference = init == REFERENCE_INIT
+            if not (reference or init in inits_of(config, variant)):
+                continue  # the control's students take control_inits only
             r = index.get((dataset, size, REFERENCE_VARIANT if reference else variant, init, design, budget))
             row = {"dataset": dataset, "size": size, "variant": variant, "budget": budget, "init": init,
                    "design": design, "kind": kind, "claims_design": kind == RECIPE and design == recipe.design,

@@ -1,11 +1,12 @@
-"""Check the GPU paths on a machine with a GPU: train every operator briefly, then time the operators.
+"""Check the GPU paths on a machine with a GPU: train every operator briefly, time the operators, and
+run the map losses under bf16 and fp16 autocast.
 
 Run on the GPU machine, from the repository root with the package's environment active:
 
     python -m linvit.gpucheck
 
 It takes about 1-3 minutes on one recent GPU (12 operators; well under 5), minutes to tens of
-minutes on a CPU at the defaults (use `--size micro` there). It does two things on one device:
+minutes on a CPU at the defaults (use `--size micro` there). It does three things on one device:
 
 1. Training. For every registered operator (softmax included, or those of `--variants`): a ViT of
    `--size` (default deit_tiny, 224 px, 3 channels, 1000 classes) trained with AdamW on seeded
@@ -14,8 +15,13 @@ minutes on a CPU at the defaults (use `--size micro` there). It does two things 
 2. The operator benchmark (`linvit.benchmark.time_operator`: forward+backward of the token mixing,
    fp32 eager, median of repeats) at `--tokens` (default 256 to 16,384), beside softmax (SDPA), with
    the heads and head width of `--size`.
+3. The map losses (every registered loss that reads attention maps: map_ce, map_js, ...), each
+   teacher-forced and end to end, for every operator as the student of a softmax teacher of
+   `--size` (batch 2, seeded random images, the training step's forward and backward) under bf16
+   and fp16 autocast (bf16 only on the CPU): whether the maps the losses read are float32 and finite
+   (they are computed with autocast off, linvit.losses.loss_maps), and the losses and gradients finite.
 
-It writes two CSVs into `--out` (default results/gpucheck), named after the device, with `<slug>`
+It writes three CSVs into `--out` (default results/gpucheck), named after the device, with `<slug>`
 the CUDA device name lowercased with every other character as `_` (nvidia_h200), or `cpu`:
 
 train_<slug>.csv, one row per operator:
@@ -34,9 +40,18 @@ attention_<slug>.csv, one row per (tokens, operator); softmax is always included
     speedup_vs_softmax (softmax's ms / this ms at the same tokens), peak_mem_mib (CUDA only; empty on
     the CPU), error, torch.
 
-It prints both as tables on stdout and one progress line per operator on stderr. Exit status: 0,
-1 when an operator failed or a loss was not finite (the CSVs are still written, the failure in its
-row's `error`, the other operators run), 2 for a bad option (one line: `gpucheck: <why>`).
+maps_<slug>.csv, one row per (precision, operator):
+    precision (bf16, fp16), variant, terms (map losses x teacher-forced / end to end), maps_dtype
+    (the dtypes of the maps the losses read, `/`-joined; want float32), maps_finite, loss_finite,
+    max_rel_diff (the largest relative difference of a term from its value without autocast, whose
+    upstream activations differ by the autocast's rounding) and worst_term (that term), grads_finite
+    (the student's gradients of the autocast losses' sum), ok (float32, finite maps, losses and
+    gradients), error, torch.
+
+It prints them as tables on stdout and one progress line per operator on stderr. Exit status: 0,
+1 when an operator failed, a loss was not finite or a map check was not ok (the CSVs are still
+written, the failure in its row's `error`, the other operators run), 2 for a bad option (one line:
+`gpucheck: <why>`).
 """
 
 from __future__ import annotations
@@ -202,6 +217,91 @@ def benchmark_all(variants, rt: Runtime, tokens, *, size: str):
     return df
 
 
+def _map_losses_one(teacher, student, x: torch.Tensor, dtype: torch.dtype) -> dict:
+    """Every map loss on (teacher, student), teacher-forced and end to end, once under `dtype` autocast
+    and once without: what the losses read (linvit.losses' per-batch views, as the objective builds
+    them) and their values; then the autocast objective's backward."""
+    from .losses import LOSSES, Objective, _Batch
+
+    terms = [{"loss": n} if spec.forcing != "optional" else {"loss": n, "forced": forced}
+             for n, spec in sorted(LOSSES.items()) if "maps" in spec.reads
+             for forced in ((True, False) if spec.forcing == "optional" else (None,))]
+    objective = Objective(teacher, student, terms)
+
+    def run(enabled: bool):
+        with torch.autocast(device_type=x.device.type, dtype=dtype, enabled=enabled):
+            batch, values, maps = _Batch(objective, x, False), {}, []
+            for term, label, blocks in zip(objective.terms, objective.labels, objective.blocks):
+                per_block = []
+                for l in blocks:
+                    views = batch.views(term, l)
+                    maps += [views.teacher_maps, views.student_maps]
+                    per_block.append(term.spec(views, **term.options))
+                values[label] = torch.stack(per_block).mean()
+        return values, maps
+
+    with torch.no_grad():
+        reference, _ = run(False)
+    student.zero_grad(set_to_none=True)
+    values, maps = run(True)
+    sum(values.values()).backward()
+    grads = [p.grad for p in student.parameters() if p.grad is not None]
+    rel = {k: (abs(values[k].item() - reference[k].item()) / max(abs(reference[k].item()), 1e-12))
+           for k in values}
+    worst = max(rel, key=lambda k: (math.isnan(rel[k]), rel[k]))
+    dtypes = sorted({str(m.dtype).removeprefix("torch.") for m in maps})
+    row = {"terms": len(values), "maps_dtype": "/".join(dtypes),
+           "maps_finite": all(bool(torch.isfinite(m).all()) for m in maps),
+           "loss_finite": all(math.isfinite(v.item()) for v in values.values()),
+           "max_rel_diff": rel[worst], "worst_term": worst,
+           "grads_finite": bool(grads) and all(bool(torch.isfinite(g).all()) for g in grads)}
+    row["ok"] = row["maps_dtype"] == "float32" and row["maps_finite"] and row["loss_finite"] and row["grads_finite"]
+    return row
+
+
+def map_losses_all(variants, rt: Runtime, *, size: str, img_size: int, in_chans: int, num_classes: int,
+                   batch: int = 2, seed: int = 0, precisions=None):
+    """Every map loss (a registered loss that reads "maps") under bf16 and fp16 autocast on rt's device:
+    one row per (precision, operator), the softmax teacher and a student of the operator built at
+    `size`, seeded random images. Whether every map the losses read is float32 and finite (they are
+    computed with autocast off: linvit.losses.loss_maps), whether the losses and the student's
+    gradients are finite, and the largest relative difference of a loss from its value without
+    autocast (upstream activations differ by the autocast's rounding). `precisions` defaults to bf16
+    and fp16 on CUDA, bf16 only on the CPU (fp16 autocast is a GPU path)."""
+    import pandas as pd
+
+    from .models import build_vit
+
+    if precisions is None:
+        precisions = ("bf16", "fp16") if rt.cuda else ("bf16",)
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    x = torch.randn(batch, in_chans, img_size, img_size, generator=torch.Generator().manual_seed(seed)).to(rt.device)
+    rows = []
+    for precision in precisions:
+        for v in variants:
+            row = {"precision": precision, "variant": v, "terms": 0, "maps_dtype": "", "maps_finite": False,
+                   "loss_finite": False, "max_rel_diff": math.nan, "worst_term": "", "grads_finite": False,
+                   "ok": False, "error": ""}
+            try:
+                if precision == "bf16" and rt.cuda and not torch.cuda.is_bf16_supported():
+                    raise RuntimeError("bf16 is not supported on this GPU")
+                models = []
+                for i, variant in enumerate((SOFTMAX, v)):  # the student seeded apart from the teacher
+                    torch.manual_seed(seed + i)
+                    models.append(build_vit(size, num_classes=num_classes, img_size=img_size, in_chans=in_chans,
+                                            variant=variant).to(rt.device).train())
+                row.update(_map_losses_one(*models, x, dtypes[precision]))
+            except Exception as err:  # noqa: BLE001 - recorded; the other operators still run
+                row["error"] = _one_line(err)
+            _free(rt)
+            row["torch"] = torch.__version__
+            rows.append(row)
+            done = (f"maps {row['maps_dtype']}, finite {row['maps_finite']}, loss rel diff "
+                    f"{row['max_rel_diff']:.2g}" if not row["error"] else row["error"])
+            print(f"gpucheck: maps {precision} {v:>10}: {done}", file=sys.stderr, flush=True)
+    return pd.DataFrame(rows)
+
+
 def _table(df) -> str:
     try:
         import tabulate  # noqa: F401 - pandas' to_markdown needs it
@@ -270,10 +370,12 @@ def main(argv=None) -> int:
     train = train_all(variants, rt, size=args.size, img_size=img_size, in_chans=inputs["in_chans"],
                       num_classes=inputs["num_classes"], batch=args.batch, steps=args.steps, warmup=args.warmup)
     attention = benchmark_all(variants, rt, args.tokens, size=args.size)
+    maps = map_losses_all(variants, rt, size=args.size, img_size=img_size, in_chans=inputs["in_chans"],
+                          num_classes=inputs["num_classes"])
 
     out, slug = Path(args.out), device_slug(rt)
-    paths = out / f"train_{slug}.csv", out / f"attention_{slug}.csv"
-    for df, path in zip((train, attention), paths):
+    paths = out / f"train_{slug}.csv", out / f"attention_{slug}.csv", out / f"maps_{slug}.csv"
+    for df, path in zip((train, attention, maps), paths):
         with atomic_path(path) as tmp:
             df.to_csv(tmp, index=False)
 
@@ -293,8 +395,12 @@ def main(argv=None) -> int:
     failed = attention[attention.error != ""]
     for row in failed.itertuples():
         print(f"attention {row.variant} N={row.tokens}: {row.error}")
+    print(f"\nmap losses under autocast ({', '.join(maps.precision.unique())}"
+          f"{'' if rt.cuda else '; fp16 skipped on the CPU'}): maps the losses read, want float32 and finite")
+    print(_table(maps[["precision", "variant", "terms", "maps_dtype", "maps_finite", "loss_finite", "max_rel_diff",
+                       "worst_term", "grads_finite", "ok", "error"]]))
     print("\n" + "\n".join(f"wrote {p}" for p in paths))
-    bad = (train.error != "").any() or not train.losses_finite.all() or len(failed)
+    bad = (train.error != "").any() or not train.losses_finite.all() or len(failed) or not maps.ok.all()
     return 1 if bad else 0
 
 

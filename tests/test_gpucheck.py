@@ -8,7 +8,10 @@ import pytest
 import torch
 
 import linvit.gpucheck as gpucheck
+import linvit.losses
 import linvit.models
+from linvit.attention import attention_maps
+from linvit.device import runtime
 
 def read(path):
     """A CSV as written, with an empty error cell as "" (pandas reads it as NaN)."""
@@ -36,6 +39,23 @@ def test_cpu_run_writes_train_and_attention_csvs(tmp_path, quiet_machine, capsys
     assert (attention[attention.variant == "softmax"].speedup_vs_softmax == 1).all()
     assert "| elu" in out and "N=144" in out and "train_cpu.csv" in out
     assert "gpucheck: train        elu:" in err and "gpucheck: attention        elu N=   144:" in err
+    maps = read(tmp_path / "maps_cpu.csv")
+    n_maps = sum("maps" in spec.reads for spec in linvit.losses.LOSSES.values())
+    assert sorted(maps.variant) == ["elu", "softmax"] and (maps.precision == "bf16").all()  # no fp16 on the CPU
+    assert maps.ok.all() and (maps.maps_dtype == "float32").all() and maps.maps_finite.all()
+    assert maps.loss_finite.all() and maps.grads_finite.all() and (maps.error == "").all()
+    assert (maps.terms == 2 * n_maps).all() and (maps.max_rel_diff < 0.1).all()
+    assert "map losses under autocast (bf16; fp16 skipped on the CPU)" in out and "maps_cpu.csv" in out
+    assert "gpucheck: maps bf16        elu: maps float32, finite True" in err
+
+
+def test_the_map_check_catches_maps_computed_under_autocast(quiet_machine, monkeypatch):
+    """With the maps left to the autocast (the losses' code before loss_maps), the rows say so."""
+    monkeypatch.setattr(linvit.losses, "loss_maps", lambda attn, x, grad=False: attention_maps(attn, x, grad=grad))
+    rt = runtime({"runtime": {"precision": "fp32"}}, device="cpu")
+    maps = gpucheck.map_losses_all(["elu"], rt, size="micro", img_size=16, in_chans=1, num_classes=4)
+    assert list(maps.variant) == ["elu"] and not maps.ok.any() and (maps.error == "").all()
+    assert "bfloat16" in maps.maps_dtype.iloc[0]
 
 
 def test_a_failing_operator_is_kept_in_its_row(tmp_path, quiet_machine, monkeypatch, capsys):
@@ -62,6 +82,9 @@ def test_a_failing_operator_is_kept_in_its_row(tmp_path, quiet_machine, monkeypa
     assert errors == {("softmax", 64): "", ("elu", 64): "", ("softmax", 144): "",
                       ("elu", 144): "RuntimeError: kernel failed"}
     assert "attention elu N=144: RuntimeError: kernel failed" in capsys.readouterr().out
+    maps = read(tmp_path / "maps_cpu.csv").set_index("variant")
+    assert maps.loc["elu", "error"] == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert maps.loc["softmax", "error"] == "" and maps.loc["softmax", "ok"]
 
 
 @pytest.mark.parametrize("argv, says", [

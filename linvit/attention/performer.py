@@ -13,8 +13,15 @@ computed in O(N) by contracting phi(K)^T V first. The max terms and eps_k = 1e-4
 numerical stabilizer of the official implementations (google-research `performer/fast_attention`,
 lucidrains `performer-pytorch`): the query max is per token (over features), the key max is over
 all tokens and features of a head; both are constants taken without gradient (as in
-performer-pytorch). There is no eps in the normalizer (as in both official codes): every feature
-is at least m^-1/2 eps_k > 0, so the denominator is positive.
+performer-pytorch). The normalizer is mean_j phi(q'_i) . phi(k'_j) + eps with eps = 1e-20 (the
+official codes have none). Every feature is at least m^-1/2 eps_k, so the mean is at least
+eps_k^2 = 1e-8 and positive; but with eps_k = 0, or where large activations underflow every
+feature, it is 0 and the output 0/0. The eps makes that output 0 (and the map row, read as
+uniform) instead of nan; at most 1e-12 of a normalizer the default eps_k allows (below half an
+fp32 ulp), it leaves fp32 values unchanged to the bit. Low precision is why the core and the
+implicit matrices (`implicit`: the maps the losses and the evaluation read) both run in at least
+fp32 with autocast off: in fp16 the products of the smallest features, eps_k^2 / m (4e-11 at
+m = 266), underflow to 0, and no eps that fp16 can hold is small enough to leave fp32 values alone.
 
 Projection W: m = round(d ln d) rows (d = 64 -> 266; d = 32 -> 111), drawn as in the official
 `gaussian_orthogonal_random_matrix` with scaling 0: stacked blocks of d x d orthogonal matrices
@@ -132,7 +139,9 @@ class _FavorCore(torch.autograd.Function):
 
 @register_attention("performer")
 class PerformerAttention(LinearAttention):
-    eps = 0.0  # no eps in the normalizer: the features are bounded below by m^-1/2 kernel_eps
+    # The normalizer's eps: only against 0/0 where every feature underflows (see the module doc);
+    # 1e-20 is below half an fp32 ulp of the smallest normalizer the default kernel_eps allows (1e-8).
+    eps = 1e-20
 
     def __init__(self, dim, num_heads=8, *, nb_features: int | None = None, kernel_eps: float = 1e-4,
                  feature_seed: int = 0, **kw):
@@ -169,8 +178,14 @@ class PerformerAttention(LinearAttention):
         c = self.nb_features ** -0.5 * self.kernel_eps
         return self._exp_features(q, True) + c, self._exp_features(k, False) + c
 
+    def implicit(self, q, k, v):
+        # Autocast off, as in the core (q, k, v arrive in the compute dtype, >= fp32): under fp16
+        # autocast kernel_matrix's products of the smallest features would underflow to 0/0.
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            return super().implicit(q, k, v)
+
     def attend(self, q, k, v):
-        # The base's kernel_attention (eps = 0) with the constant c = m^-1/2 kernel_eps of every
+        # The base's kernel_attention (this class's eps) with the constant c = m^-1/2 kernel_eps of every
         # feature added analytically: phi = e + c, so phi(K)^T [V, 1] = e(K)^T [V, 1] + c sum_j [v_j, 1]
         # and phi(Q) M = e(Q) M + c sum_r M_r. Numerator and normalizer come from one product.
         # Written out (forward and backward) in _FavorCore; the same as

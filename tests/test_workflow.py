@@ -77,11 +77,11 @@ def job_counts(output: str) -> dict[str, int]:
 def test_dry_run_plans_one_student_job_per_cell(tmp_path):
     out = snakemake(tmp_path, "-n", "--cores", "2")
     counts = job_counts(out.stdout)
-    # 1 target x 1 size x 2 variants (elu and the softmax control) x 7 inits x 1 budget x 5 seeds
-    assert counts["student"] == 70
+    # 1 target x 1 size x (elu's 7 inits + the softmax control's 4, control_inits) x 1 budget x 5 seeds
+    assert counts["student"] == 55
     assert counts["reference"] == 5 and counts["teacher"] == 1 and counts["shards"] == 2  # target + teacher's
-    assert counts["distill"] == 2 * 5  # one per variant and seed for the distilling strategy
-    assert counts["evaluate"] == 75 and counts["report"] == 1
+    assert counts["distill"] == 5  # one per seed for elu's distilling strategy (the control runs none)
+    assert counts["evaluate"] == 60 and counts["report"] == 1
     assert {k: v for k, v in counts.items() if k != "total"} == expected_jobs(DEFAULT)
     assert "No validator found" not in out.stdout + out.stderr  # snakemake.utils.validate's draft-07 warning
     assert not (tmp_path / "results").exists()

@@ -185,8 +185,9 @@ def _resolve_teacher(args) -> dict:
         name, file = given, None
         entry = {"model": name, **({"model_args": model_args} if model_args else {})}
         kind, label = "hub", name
-    # The architecture the steps will load it into (linvit.teachers), on the meta device.
-    meta, options, _, _ = pretrained_architecture(name, file=file, model_args=model_args)
+    # The architecture the steps will load it into (linvit.teachers), on the meta device; a file's
+    # classes and channels are read from its head and patch embedding, as the loader reads them.
+    meta, options, _, _ = pretrained_architecture(name, file=file, model_args=model_args, weights=True)
     arch = describe(meta, timm_model=name, model_args=options, source=kind)
     return {"kind": kind, "label": label, "arch": arch, "meta": meta, "entry": entry, "dir": None}
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pickle
+import sys
 from pathlib import Path
 
 import timm
@@ -185,11 +187,15 @@ def _first_mismatch(model: nn.Module, state: dict) -> str | None:
     return f"unexpected {extra!r}" if extra is not None else None
 
 
-def pretrained_architecture(timm_model: str, *, file=None, model_args: dict | None = None
-                            ) -> tuple[VisionTransformer, dict, dict, dict]:
+def pretrained_architecture(timm_model: str, *, file=None, model_args: dict | None = None,
+                            weights: bool = False) -> tuple[VisionTransformer, dict, dict, dict]:
     """What `load_pretrained` builds, on the meta device (no weights, no memory): the model, its
     options without geometry, the options it is built with (plus the native img_size), and the timm
-    config.json beside `file` ({} for none)."""
+    config.json beside `file` ({} for none).
+
+    With `weights`, `file` is read (quietly) and the model is built at the file's classes and
+    channels (its head and patch embedding), exactly as `load_pretrained` builds it; without, at the
+    architecture's defaults (a one-channel file would look like a three-channel teacher)."""
     sidecar = timm_config(file) if file is not None else {}
     # The options the weights were made with: the config.json's (timm's hub layout), then the caller's.
     given = {**sidecar.get("model_args", {}), **(model_args or {})}
@@ -199,7 +205,70 @@ def pretrained_architecture(timm_model: str, *, file=None, model_args: dict | No
     native = given.get("img_size") or (
         (sidecar.get("pretrained_cfg") or {}).get("input_size") or [None])[1:] or None
     build_args = {**model_args, **({"img_size": _pair(native)} if native else {})}
-    return _check_vit(timm_model, build_args), model_args, build_args, sidecar
+    meta = _check_vit(timm_model, build_args)
+    if weights and file is not None:
+        state, _ = _filtered(Path(file), timm_model, meta)
+        with torch.device("meta"):
+            meta = _build_for_file(timm_model, Path(file), {**build_args, **_file_geometry(state, meta)})
+    return meta, model_args, build_args, sidecar
+
+
+def _filtered(file: Path, timm_model: str, meta: VisionTransformer) -> tuple[dict, str | None]:
+    """The tensors of weights file `file` through timm's ViT checkpoint filter into `meta`'s layout
+    (foreign layouts, another patch or position-embedding size), and "AxB to CxD" when the filter
+    resampled the file's position table to `meta`'s grid (else None)."""
+    state = load_weights(file)
+    table = state.get("pos_embed")
+    before = _table_grid(meta, state, table)
+    try:
+        filtered = checkpoint_filter_fn(state, meta, adapt_layer_scale=True)
+    except Exception as err:
+        raise TeacherError(f"weights file {file} does not fit timm model {timm_model!r}: {_line(err)}") from None
+    after = filtered.get("pos_embed")
+    resampled = None
+    if table is not None and after is not None and after is not table:  # the filter made a new table
+        h, w = (int(s) for s in meta.patch_embed.grid_size)
+        resampled = f"{before} to {h}x{w}"
+    return filtered, resampled
+
+
+def _table_grid(meta: VisionTransformer, state: dict, table) -> str:
+    """The grid of a file's position table, as timm's filter reads it: from the patch kernel and the
+    pretrained size when they account for every position, else square; "N positions" otherwise."""
+    if table is None or table.ndim != 3:
+        return "?"
+    prefix = 0 if getattr(meta, "no_embed_class", False) else int(getattr(meta, "num_prefix_tokens", 1))
+    n = int(table.shape[1]) - prefix
+    grid = None
+    try:
+        from timm.models.vision_transformer import get_pretrained_grid_size
+
+        grid = get_pretrained_grid_size(meta, state.get("patch_embed.proj.weight"), n)
+    except ImportError:  # an older timm: it assumes a square grid
+        pass
+    if grid is None:
+        side = math.isqrt(max(n, 0))
+        grid = (side, side) if side * side == n else None
+    return f"{grid[0]}x{grid[1]}" if grid else f"{n} positions"
+
+
+def _file_geometry(state: dict, meta: VisionTransformer) -> dict:
+    """The classes and channels of a (filtered) weights file: its head's rows, its patch kernel's inputs."""
+    geometry = {}
+    head = state.get("head.weight")
+    geometry["num_classes"] = head.shape[0] if head is not None and head.ndim == 2 else (
+        meta.num_classes if "head.bias" in state else 0)
+    patch = state.get("patch_embed.proj.weight")
+    if patch is not None and patch.ndim == 4:
+        geometry["in_chans"] = patch.shape[1]
+    return geometry
+
+
+def _build_for_file(timm_model: str, file: Path, build_args: dict) -> VisionTransformer:
+    try:
+        return timm.create_model(timm_model, pretrained=False, **build_args)
+    except Exception as err:
+        raise TeacherError(f"timm model {timm_model!r} cannot be built for weights file {file}: {_line(err)}") from None
 
 
 def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = None) -> tuple[VisionTransformer, dict]:
@@ -222,26 +291,14 @@ def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = Non
         return model.eval(), describe(model, timm_model=timm_model, model_args=model_args, source="hub")
 
     file = Path(file)
-    state = load_weights(file)
-    try:
-        state = checkpoint_filter_fn(state, meta, adapt_layer_scale=True)
-    except Exception as err:
-        raise TeacherError(f"weights file {file} does not fit timm model {timm_model!r}: {_line(err)}") from None
-    geometry = {}
-    head = state.get("head.weight")
-    geometry["num_classes"] = head.shape[0] if head is not None and head.ndim == 2 else (
-        meta.num_classes if "head.bias" in state else 0)
-    patch = state.get("patch_embed.proj.weight")
-    if patch is not None and patch.ndim == 4:
-        geometry["in_chans"] = patch.shape[1]
-    try:
-        model = timm.create_model(timm_model, pretrained=False, **build_args, **geometry)
-    except Exception as err:
-        raise TeacherError(f"timm model {timm_model!r} cannot be built for weights file {file}: {_line(err)}") from None
+    state, resampled = _filtered(file, timm_model, meta)
+    model = _build_for_file(timm_model, file, {**build_args, **_file_geometry(state, meta)})
     problem = _first_mismatch(model, state)
     if problem:
         raise TeacherError(f"weights file {file} does not fit timm model {timm_model!r}: {problem}")
     model.load_state_dict(state, strict=True)
+    if resampled:  # said once, here, where the weights are loaded (not by the checks before it)
+        print(f"teacher {file}: position table resampled from {resampled}", file=sys.stderr, flush=True)
     arch = describe(model, timm_model=timm_model, model_args=model_args, source="file",
                     file=str(file), sha256=file_sha256(file))
     # How the file's images were prepared (mean, std, crop...), when its config.json says.

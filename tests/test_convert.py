@@ -177,3 +177,24 @@ def test_mistakes_are_one_line_before_anything_runs(made, capsys, teacher, extra
     assert len(lines) == 1 and lines[0].startswith("linvit convert: error: "), err
     assert all(w in lines[0] for w in words), lines[0]
     assert not out.exists()  # nothing was made, nothing ran
+
+
+def test_convert_a_grayscale_teacher_file(made, capsys, quiet_machine):
+    """A one-channel weights file of a timm ViT whose architecture defaults to three channels: the
+    fit check takes its channels from the file (as the `teachers:` loader does), so it converts."""
+    from safetensors.torch import save_file
+
+    shape = {"embed_dim": 64, "depth": 4, "num_heads": 4, "patch_size": 4}  # micro's shape
+    torch.manual_seed(0)
+    gray = timm.create_model("vit_tiny_patch16_224", **shape, img_size=28, in_chans=1, num_classes=4)
+    (made / "gray").mkdir(exist_ok=True)
+    save_file(gray.state_dict(), str(made / "gray" / "vit.safetensors"))
+    for args in ({**shape, "img_size": 28, "in_chans": 1}, {**shape, "img_size": 28}):  # in_chans given, or not
+        out = made / f"out_gray_{len(args)}"
+        code, stdout, err = convert(capsys, "--teacher", str(made / "gray" / "vit.safetensors"),
+                                    "--model", "vit_tiny_patch16_224", "--model-args", json.dumps(args),
+                                    "--variant", "elu", "--init", "copy_mlp", "--shards", str(made / "shards"),
+                                    "--out", str(out))
+        assert code == 0, err
+        assert json.loads((out / "teacher" / "model.json").read_text())["in_chans"] == 1
+        assert json.loads((out / "summary.json").read_text())["accuracy"]["converted"] is not None

@@ -104,6 +104,21 @@ def test_file_with_other_classes_and_a_different_pos_embed_size(tmp_path):
     assert model.pos_embed.shape == (1, 197, 192)
 
 
+def test_a_resampled_position_table_is_said_in_one_line(tmp_path, capsys):
+    """A file whose position embeddings are for another grid loads resampled, and says so once;
+    a file at the architecture's own grid says nothing."""
+    teacher = _vit(img_size=112, **SMALL)
+    torch.save(teacher.state_dict(), tmp_path / "at112.pth")
+    capsys.readouterr()
+    teachers.load_pretrained(DEIT, file=tmp_path / "at112.pth", model_args=SMALL)
+    out, err = capsys.readouterr()
+    lines = (out + err).splitlines()
+    assert lines == [f"teacher {tmp_path / 'at112.pth'}: position table resampled from 7x7 to 14x14"], lines
+    torch.save(_vit(**SMALL).state_dict(), tmp_path / "at224.pth")
+    teachers.load_pretrained(DEIT, file=tmp_path / "at224.pth", model_args=SMALL)
+    assert capsys.readouterr() == ("", "")
+
+
 def test_refused_files_name_the_file(deit, tmp_path):
     cases = {}
     cases["pickled module"] = tmp_path / "module.pth"

@@ -208,8 +208,13 @@ class Checkpoints:
             write_safetensors(folder / "model.safetensors", {k: v.cpu() for k, v in model.state_dict().items()})
             with atomic_path(folder / "state.pt") as tmp:
                 try:
-                    torch.save(state, tmp)
-                except RuntimeError as err:  # torch reports a failed write as RuntimeError
+                    # Through a Python file, not by name: torch's own writer reports a failed write
+                    # (ENOSPC on a full disk) as "enforce fail ... unexpected pos", without the errno;
+                    # Python's write raises the OSError, which atomic_path says as "cannot write
+                    # <state.pt>: No space left on device".
+                    with open(tmp, "wb") as f:
+                        torch.save(state, f)
+                except RuntimeError as err:  # other failures torch reports as RuntimeError
                     raise OSError(f"cannot write {folder / 'state.pt'}: {_one_line(err)}") from None
             write_json(folder / "meta.json", meta)
         except BaseException:

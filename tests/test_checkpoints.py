@@ -7,6 +7,7 @@ start; a broken log, a full disk or a diverging loss is one line naming the file
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -296,6 +297,46 @@ def test_full_disk_at_a_checkpoint_keeps_the_previous_one(shards, tmp_path, monk
     assert len(errors) == 1 and "step00000008" in errors[0] and "model.safetensors" in errors[0], err
     assert latest(out) == kept and (kept / "state.pt").exists()
     assert not (out / "checkpoint" / "step00000008").exists()
+
+
+def test_full_disk_while_saving_state_pt_says_so_and_keeps_the_previous_checkpoint(shards, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """The disk fills while state.pt (the optimizer state, the largest file) is written: as the kernel
+    says it, ENOSPC on write (here /dev/full takes the bytes). One line naming the file and saying no
+    space is left, not torch's "enforce fail ... unexpected pos"; the previous checkpoint stays and
+    a rerun resumes from it."""
+    import os
+    from pathlib import Path
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    out = tmp_path / "teacher"
+    stopped_teacher(monkeypatch, config(), shards, out, at=5)
+    kept = latest(out)
+    real = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):
+        if not Path(str(getattr(f, "name", f))).name.startswith(".state.pt."):  # only state.pt's temporary file
+            return real(obj, f, *args, **kwargs)
+        if isinstance(f, (str, os.PathLike)):  # by name: torch's own C++ writer opens it
+            return real(obj, "/dev/full", *args, **kwargs)
+        with open("/dev/full", "wb") as device:  # a file object: Python's writes
+            return real(obj, device, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    rc, err = cli_run(teacher_args(config(), shards, out), capsys)
+    assert rc == 1 and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("linvit: error:")]
+    assert len(errors) == 1, err
+    assert re.search(rf"{re.escape(str(out / 'checkpoint'))}/step\d{{8}}/state\.pt", errors[0]), errors[0]
+    assert "no space left on device" in errors[0].lower(), errors[0]
+    assert "enforce fail" not in errors[0] and "unexpected pos" not in errors[0], errors[0]
+    assert latest(out) == kept and [p.name for p in (out / "checkpoint").glob("step*")] == [kept.name]
+    assert not list((out / "checkpoint").rglob(".*.tmp"))
+    torch.load(kept / "state.pt", weights_only=True)  # intact
+    monkeypatch.setattr(torch, "save", real)
+    rc, err = cli_run(teacher_args(config(), shards, out), capsys)
+    assert rc == 0 and "resuming from step 5" in err, err
 
 
 # ----------------------------------------------------------------------------- budgets, progress, divergence

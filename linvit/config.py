@@ -81,8 +81,9 @@ def validate_schema(config: dict, schema_path: str | Path = SCHEMA, *, partial: 
 def _known(kind: str, key: str, names, known) -> None:
     unknown = [n for n in names if n not in known]
     if unknown:
+        plural = kind + ("es" if kind.endswith(("s", "x", "sh", "ch")) else "s")  # losses, not losss
         raise ConfigError(f"config key {key}: unknown {kind} {', '.join(map(repr, unknown))}; "
-                          f"known {kind}s: {', '.join(sorted(known))}")
+                          f"known {plural}: {', '.join(sorted(known))}")
 
 
 # Keys of every dataset entry (the schema checks them), beside its source's own options.

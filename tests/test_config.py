@@ -143,3 +143,16 @@ def test_bad_config_is_one_clear_error(updates, message):
     with pytest.raises(ConfigError, match=message) as err:
         validate(changed(**updates))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("updates, known", [
+    ({"distill__loss": "l7"}, "known distillation losses: "),
+    ({"distill_designs__map_js__losses": [{"loss": "map_xx"}]}, "known distillation losses: "),
+    ({"init_strategies__random__copy": ["mlps"]}, "known parameter groups: "),
+    ({"datasets__digits__source": "svhn"}, "known sources: "),
+])
+def test_an_unknown_name_lists_the_known_ones_in_plain_english(updates, known):
+    """The list after an unknown name is headed by the kind's plural ('losses', not 'losss')."""
+    with pytest.raises(ConfigError) as err:
+        validate(changed(**updates))
+    assert known in str(err.value) and "losss" not in str(err.value), str(err.value)

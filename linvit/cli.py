@@ -119,6 +119,9 @@ def cmd_student(args):
     from .steps import run_student
 
     stamp("imported")
+    if args.budget is not None and not 1 <= args.budget <= 10**8:  # the flag's name, not student.train.steps
+        raise ValueError(f"--budget {args.budget}: must be at least 1 (the student's training steps)"
+                         if args.budget < 1 else f"--budget {args.budget}: must be at most 10**8 steps")
     config = _config(args)
     rt = _runtime(args, config)
     m = run_student(config, args.dataset, args.size, args.variant, args.init, args.seed, args.teacher,

@@ -199,3 +199,16 @@ def test_shards_refuse_a_misspelt_dataset_option(capsys, tmp_path):
     code, line = errors(capsys, ["shards", "--config", str(path), "--dataset", "synthetic", "--out", str(tmp_path / "s")])
     assert code == 1 and "datasets.synthetic: unknown option(s) 'train_sample'" in line
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("budget", ["0", "-3"])
+def test_a_student_budget_below_one_names_the_flag(capsys, tmp_path, shards, budget):
+    """--budget is the flag the user typed: its error names it (not the config's student.train.steps),
+    before the run folder is made."""
+    code, line = errors(capsys, ["student", "--config", config_file(tmp_path), "--dataset", "synthetic",
+                                 "--size", "micro", "--variant", "elu", "--init", "random", "--seed", "0",
+                                 "--budget", budget, "--teacher", str(tmp_path / "teacher"),
+                                 "--shards", str(shards), "--out", str(tmp_path / "s")])
+    assert code == 1 and line.startswith(f"linvit: error: --budget {budget}: must be at least 1"), line
+    assert "student.train.steps" not in line
+    assert not (tmp_path / "s").exists()

@@ -179,6 +179,32 @@ def test_a_rerun_after_a_kill_writes_only_the_missing_shards(folder, tmp_path, c
     assert (out / PROGRESS / "test-0000.tar.json").is_file()
 
 
+def test_a_rerun_that_meets_a_corrupt_image_leaves_the_earlier_shards_as_they_were(folder, tmp_path):
+    """The new shards are written beside the old folder and swapped in only when complete: a rerun
+    that fails on a corrupt image says so in one line and leaves every old file, _info.json first."""
+    spec = {"source": "imagefolder", "path": str(folder)}
+    out = tmp_path / "s"
+    first = write_shards("f", spec, out, samples_per_shard=4, workers=1)
+
+    def files():
+        return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    before = files()
+    bad = folder / "train" / "cat" / "1.jpeg"
+    bad.write_bytes(bad.read_bytes()[:200])  # truncated: its shard's inputs changed, so it is rewritten
+    with pytest.raises(DataError) as err:
+        write_shards("f", spec, out, samples_per_shard=4, workers=2)
+    assert sorted(files()) == sorted(before) and files() == before  # _info.json, every shard and record
+    text = str(err.value)
+    assert "\n" not in text and str(bad) in text and "corrupt image" in text and str(out) in text, text
+    assert ShardSet(out).num_samples("train") == first["splits"]["train"]["samples"]  # still loads, sha256 checked
+    # Left out (on_corrupt: skip), the rerun succeeds and the folder is the new one, nothing beside it.
+    again = write_shards("f", dict(spec, on_corrupt="skip"), out, samples_per_shard=4, workers=1)
+    assert again["splits"]["train"]["samples"] == first["splits"]["train"]["samples"] - 1
+    assert ShardSet(out).num_samples("train") == again["splits"]["train"]["samples"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["imgs", "s"]
+
+
 # ----------------------------------------------------------------------------- CIFAR
 
 

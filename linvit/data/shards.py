@@ -26,16 +26,27 @@ of the samples and their split into shards is decided, seeded, before anything i
 mtimes and owners are fixed, so the same inputs give byte-identical shards and manifest whatever
 the number of workers. A rerun after a kill keeps each shard whose record in ``_progress/`` matches
 both the shard's inputs and the file's sha256, and writes only the rest.
+
+A (re)run writes into ``.<out_dir name>.partial`` beside ``out_dir``, starting from hard links to
+``out_dir``'s shards and records (so unchanged shards are kept, not rewritten), and swaps the complete
+folder in only at the end, in one atomic rename (Linux's ``renameat2(RENAME_EXCHANGE)``; else two
+renames, undone by the next run if interrupted between them). A run that fails (a corrupt image, a
+full disk) or is killed leaves ``out_dir`` exactly as it was, ``_info.json`` included; the next run
+resumes from the partial folder. An ``out_dir`` holding other files than the writer's (or the
+working directory, or a link) is updated file by file instead, ``_info.json`` last.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
 import json
 import math
 import multiprocessing
 import os
+import re
+import shutil
 import sys
 import zlib
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
@@ -56,6 +67,10 @@ __all__ = ["MANIFEST", "PROGRESS", "STATS_IMAGES", "default_workers", "file_sha2
 MANIFEST = "_info.json"
 PROGRESS = "_progress"  # one record per finished shard: {name, samples, sha256, inputs, ...}
 STATS_IMAGES = 1000  # encoded datasets: mean/std from at most this many training images
+
+PARTIAL = ".{}.partial"  # beside out_dir: the shards being written, swapped in when complete
+_OLD = ".{}.old"  # beside out_dir: the previous folder, for the moment between two renames
+_SHARD_NAME = re.compile(r"^[^.].*-\d{4,}\.tar$")  # {split}-{i:04d}.tar
 
 # Suffix -> sample key, where the webdataset convention differs from the bare suffix.
 _KEY_OF_SUFFIX = {".jpeg": "jpg", ".jpe": "jpg", ".jfif": "jpg", ".tif": "tiff"}
@@ -89,15 +104,136 @@ def write_shards(name: str, spec: dict, out_dir: str | Path, *, seed: int = 0,
         raise DataError(f"workers must be at least 1, got {workers}")
     raw = load_raw(name, spec)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out_dir)  # what a killed writer left; those shards are rewritten below
-    remove_stale_temps(out_dir / PROGRESS)
-    # An old manifest would vouch for shards we are about to replace; drop it first so that an
-    # interrupted rewrite leaves a directory that is visibly incomplete rather than inconsistent.
-    (out_dir / MANIFEST).unlink(missing_ok=True)
-    if isinstance(raw, EncodedData):
-        return _write_encoded(name, spec, raw, out_dir, seed, samples_per_shard, workers)
-    return _write_arrays(name, spec, raw, out_dir, seed, samples_per_shard, workers)
+    if os.path.lexists(out_dir) and not out_dir.is_dir():
+        raise DataError(f"{out_dir} is not a folder: give a folder for the shards")
+    # The new shards go into a folder beside out_dir, swapped in when complete: out_dir (its
+    # manifest and the shards it vouches for) is never half-replaced by a run that fails.
+    stage = _stage(out_dir)
+    write = _write_encoded if isinstance(raw, EncodedData) else _write_arrays
+    try:
+        info = write(name, spec, raw, stage, seed, samples_per_shard, workers, shown=out_dir)
+    except DataError as err:
+        if (out_dir / MANIFEST).is_file():
+            raise DataError(f"{_one_line(err)}; the shards in {out_dir} are left as they were") from None
+        raise
+    _commit(stage, out_dir)
+    return info
+
+
+# -- the folder beside out_dir, and the swap ----------------------------------------------------
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0]
+
+
+def _beside(out_dir: Path, pattern: str) -> Path:
+    base = Path(os.path.abspath(out_dir))
+    return base.with_name(pattern.format(base.name))
+
+
+def _stage(out_dir: Path) -> Path:
+    """The folder this run writes in, beside out_dir (inside it where its parent cannot be written):
+    a killed run's is resumed; it is given hard links to out_dir's shards and records it lacks (so a
+    rerun keeps the shards it can; _finished decides), and cleaned of interrupted writes' temporaries."""
+    old = _beside(out_dir, _OLD)
+    if old.is_dir():  # a swap interrupted between its two renames
+        if os.path.lexists(out_dir):
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(old, out_dir)
+    stage = _beside(out_dir, PARTIAL)
+    try:
+        (stage / PROGRESS).mkdir(parents=True, exist_ok=True)
+    except PermissionError:
+        stage = Path(out_dir) / PARTIAL.format("shards")
+        (stage / PROGRESS).mkdir(parents=True, exist_ok=True)
+    for folder in (out_dir, out_dir / PROGRESS, stage, stage / PROGRESS):
+        remove_stale_temps(folder)  # what a killed writer left
+    if out_dir.is_dir():
+        for src in out_dir.iterdir():
+            if _SHARD_NAME.match(src.name) and src.is_file():
+                _share(src, stage / src.name)
+        if (out_dir / PROGRESS).is_dir():
+            for src in (out_dir / PROGRESS).glob("*.json"):
+                _share(src, stage / PROGRESS / src.name)
+    return stage
+
+
+def _share(src: Path, dst: Path) -> None:
+    """`src` at `dst` too (a hard link; a copy where links are not possible), unless dst exists.
+    Safe: every write replaces a file by rename, never changes one in place."""
+    if os.path.lexists(dst):
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _commit(stage: Path, out_dir: Path) -> None:
+    """The complete new folder in out_dir's place: swapped in one rename where out_dir holds only
+    what this writer makes, else moved in file by file (the manifest last)."""
+    base = Path(os.path.abspath(out_dir))
+    if stage.parent == base or not _only_shards(base):
+        _commit_files(stage, base)
+    elif not os.path.lexists(base):
+        os.rename(stage, base)
+    elif _exchange(stage, base):
+        shutil.rmtree(stage, ignore_errors=True)  # the old folder, now under the partial name
+    else:
+        old = _beside(base, _OLD)
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(base, old)
+        try:
+            os.rename(stage, base)
+        except BaseException:
+            os.rename(old, base)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _only_shards(base: Path) -> bool:
+    """Whether out_dir is a plain folder of the writer's own files (or absent), so the whole folder
+    may be swapped: not a link, not the working directory or above it, nothing else in it."""
+    if not os.path.lexists(base):
+        return True
+    if base.is_symlink() or not base.is_dir():
+        return False
+    cwd = Path.cwd().resolve()
+    if cwd == base.resolve() or base.resolve() in cwd.parents:
+        return False
+    return all(p.name in (MANIFEST, PROGRESS) or (_SHARD_NAME.match(p.name) and p.is_file())
+               for p in base.iterdir())
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two folders in one atomic rename (Linux renameat2 with RENAME_EXCHANGE); False where
+    that is not available (another system, an old kernel or C library, a filesystem without it)."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    renameat2.restype = ctypes.c_int
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _commit_files(stage: Path, base: Path) -> None:
+    """The new shards and records moved into out_dir one by one: its manifest goes first (it vouches
+    for the old shards) and the new one comes last, so a reader never meets a manifest that lies."""
+    base.mkdir(parents=True, exist_ok=True)
+    (base / MANIFEST).unlink(missing_ok=True)
+    (base / PROGRESS).mkdir(exist_ok=True)
+    for src in sorted((stage / PROGRESS).iterdir()):
+        shutil.move(str(src), str(base / PROGRESS / src.name))
+    for src in sorted(stage.iterdir()):
+        if src.is_file() and src.name != MANIFEST:
+            shutil.move(str(src), str(base / src.name))
+    shutil.move(str(stage / MANIFEST), str(base / MANIFEST))
+    shutil.rmtree(stage, ignore_errors=True)
 
 
 # -- jobs: one per shard, run here or in a worker process ---------------------------------------
@@ -146,19 +282,20 @@ def _finished(job: _Job) -> dict | None:
     return None
 
 
-def _run_jobs(jobs: list[_Job], workers: int) -> list[dict]:
-    """Each job's record, in job order: kept from an earlier run, or written now (in parallel)."""
+def _run_jobs(jobs: list[_Job], workers: int, shown: Path) -> list[dict]:
+    """Each job's record, in job order: kept from an earlier run, or written now (in parallel).
+    Shards are named in `shown`, the folder they end up in."""
     records: list[dict | None] = [_finished(job) for job in jobs]
     for job, record in zip(jobs, records):
         if record is not None:
-            print(f"[linvit.data] {job.dataset}: kept {Path(job.out_dir) / job.name} "
+            print(f"[linvit.data] {job.dataset}: kept {Path(shown) / job.name} "
                   f"({record['samples']} samples, complete)", file=sys.stderr)
     todo = [i for i, r in enumerate(records) if r is None]
     _compute(jobs, records, todo, workers)
     # Reported here, not in the workers: their stderr is the forkserver's, not necessarily ours.
     for i, (job, record) in enumerate(zip(jobs, records)):
         if i in todo:
-            print(f"[linvit.data] {job.dataset}: wrote {Path(job.out_dir) / job.name} ({record['samples']} samples)",
+            print(f"[linvit.data] {job.dataset}: wrote {Path(shown) / job.name} ({record['samples']} samples)",
                   file=sys.stderr)
         full = {rel: file for file, rel, _ in job.files}
         for s in record.get("skipped", []):
@@ -270,7 +407,7 @@ def _digest(*parts) -> str:
 
 
 def _write_arrays(name: str, spec: dict, raw: RawData, out_dir: Path, seed: int, samples_per_shard: int,
-                  workers: int) -> dict:
+                  workers: int, *, shown: Path) -> dict:
     train_images = raw.splits["train"][0]
     image_size, channels = _geometry(train_images)
     jobs, shards_of = [], {}
@@ -289,7 +426,7 @@ def _write_arrays(name: str, spec: dict, raw: RawData, out_dir: Path, seed: int,
                                       chunk_images.tobytes()))
             shards_of[split].append(len(jobs))
             jobs.append(job)
-    records = _run_jobs(jobs, workers)
+    records = _run_jobs(jobs, workers, shown)
     splits = {split: {"samples": sum(records[j]["samples"] for j in idx),
                       "shards": [{k: records[j][k] for k in ("name", "samples", "sha256")} for j in idx]}
               for split, idx in shards_of.items()}
@@ -353,7 +490,7 @@ def _hist_stats(hists) -> tuple[list[float], list[float]]:
 
 
 def _write_encoded(name: str, spec: dict, raw: EncodedData, out_dir: Path, seed: int, samples_per_shard: int,
-                   workers: int) -> dict:
+                   workers: int, *, shown: Path) -> dict:
     on_corrupt = spec.get("on_corrupt", "error")
     if on_corrupt not in ("error", "skip"):
         raise DataError(f"dataset {name!r}: key 'on_corrupt' must be 'error' or 'skip', got {on_corrupt!r}")
@@ -382,7 +519,7 @@ def _write_encoded(name: str, spec: dict, raw: EncodedData, out_dir: Path, seed:
                        inputs=_digest("encoded", _subset(spec), raw.channels, on_corrupt, keys, described))
             shards_of[split].append(len(jobs))
             jobs.append(job)
-    records = _run_jobs(jobs, workers)
+    records = _run_jobs(jobs, workers, shown)
     splits = {}
     for split, idx in shards_of.items():
         samples = sum(records[j]["samples"] for j in idx)

@@ -20,6 +20,11 @@ minutes on a CPU at the defaults (use `--size micro` there). It does three thing
    `--size` (batch 2, seeded random images, the training step's forward and backward) under bf16
    and fp16 autocast (bf16 only on the CPU): whether the maps the losses read are float32 and finite
    (they are computed with autocast off, linvit.losses.loss_maps), and the losses and gradients finite.
+4. Data parallelism, where two GPUs exist (`data_parallel`, `linvit.dpcheck`): two NCCL ranks of the
+   training loop on cuda:0 and cuda:1 (a small MLP with dropout, a few steps, several gradient
+   buckets) and one process alone: the parameters equal across the ranks, the ranks' dropout masks
+   different, rank 0's those of one process. Printed as rows of a table; with fewer than two GPUs
+   one row says it was skipped and why.
 
 It writes three CSVs into `--out` (default results/gpucheck), named after the device, with `<slug>`
 the CUDA device name lowercased with every other character as `_` (nvidia_h200), or `cpu`:
@@ -49,9 +54,9 @@ maps_<slug>.csv, one row per (precision, operator):
     gradients), error, torch.
 
 It prints them as tables on stdout and one progress line per operator on stderr. Exit status: 0,
-1 when an operator failed, a loss was not finite or a map check was not ok (the CSVs are still
-written, the failure in its row's `error`, the other operators run), 2 for a bad option (one line:
-`gpucheck: <why>`).
+1 when an operator failed, a loss was not finite, a map check or the data-parallel check was not
+ok (the CSVs are still written, the failure in its row's `error`, the other operators run), 2 for
+a bad option (one line: `gpucheck: <why>`).
 """
 
 from __future__ import annotations
@@ -302,6 +307,36 @@ def map_losses_all(variants, rt: Runtime, *, size: str, img_size: int, in_chans:
     return pd.DataFrame(rows)
 
 
+def data_parallel(rt: Runtime):
+    """The 2-rank data-parallel check (linvit.dpcheck) as rows (check, result, ok), on NCCL where two
+    GPUs exist; otherwise one row saying why it was skipped (ok empty)."""
+    import os
+
+    import pandas as pd
+
+    from . import dpcheck
+
+    count = torch.cuda.device_count() if rt.cuda else 0
+    if count < 2:
+        why = (f"this machine shows {count} CUDA device(s) (CUDA_VISIBLE_DEVICES "
+               f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})" if rt.cuda else "not on CUDA; "
+               "tests/test_distributed.py runs it on the CPU with gloo")
+        return pd.DataFrame([{"check": "data parallel, 2 ranks", "result": f"skipped: needs 2 GPUs; {why}",
+                              "ok": ""}])
+    try:
+        r = dpcheck.check("cuda")
+    except Exception as err:  # noqa: BLE001 - a rank's failure is this check's row, not the end of the run
+        return pd.DataFrame([{"check": "data parallel, 2 ranks", "result": _one_line(err), "ok": False}])
+    rows = [("processes", f"{r['ranks']} x {r['backend']} (cuda:0, cuda:1), {r['steps']} steps of batch "
+                          f"{r['batch']}", True),
+            ("parameters equal across ranks", f"max difference {r['param_max_diff']:.3g}", r["params_equal"]),
+            ("dropout masks differ between ranks", f"{r['mask_fraction_differing']:.0%} of the entries differ",
+             r["masks_differ"]),
+            ("rank 0's masks are one process's", str(r["rank0_masks_are_one_process"]),
+             r["rank0_masks_are_one_process"])]
+    return pd.DataFrame([{"check": c, "result": v, "ok": ok} for c, v, ok in rows])
+
+
 def _table(df) -> str:
     try:
         import tabulate  # noqa: F401 - pandas' to_markdown needs it
@@ -372,6 +407,7 @@ def main(argv=None) -> int:
     attention = benchmark_all(variants, rt, args.tokens, size=args.size)
     maps = map_losses_all(variants, rt, size=args.size, img_size=img_size, in_chans=inputs["in_chans"],
                           num_classes=inputs["num_classes"])
+    parallel = data_parallel(rt)
 
     out, slug = Path(args.out), device_slug(rt)
     paths = out / f"train_{slug}.csv", out / f"attention_{slug}.csv", out / f"maps_{slug}.csv"
@@ -399,8 +435,11 @@ def main(argv=None) -> int:
           f"{'' if rt.cuda else '; fp16 skipped on the CPU'}): maps the losses read, want float32 and finite")
     print(_table(maps[["precision", "variant", "terms", "maps_dtype", "maps_finite", "loss_finite", "max_rel_diff",
                        "worst_term", "grads_finite", "ok", "error"]]))
+    print("\ndata parallelism (2 ranks, linvit.dpcheck):")
+    print(_table(parallel))
     print("\n" + "\n".join(f"wrote {p}" for p in paths))
     bad = (train.error != "").any() or not train.losses_finite.all() or len(failed) or not maps.ok.all()
+    bad = bad or any(ok is False for ok in parallel.ok)  # "" (skipped) is not a failure
     return 1 if bad else 0
 
 

@@ -194,8 +194,10 @@ def _finish(out_dir: Path, metrics: dict, config: dict, fingerprint: dict, tenso
             arch: dict | None, runtime: Runtime) -> dict:
     """Write the outputs of a training step: the tensor files, model.json, config.json, then
     metrics.json last, as the mark of a complete run; then drop the checkpoint. Under torchrun only
-    rank 0 writes (every rank holds the same weights and metrics)."""
+    rank 0 writes (every rank holds the same weights and metrics), and every rank waits for it at a
+    barrier: no rank returns from the step before its outputs exist."""
     if not runtime.world.main:
+        runtime.world.barrier()
         return metrics
     for name, values in tensors.items():
         write_safetensors(out_dir / name, {k: v.cpu() for k, v in values.items()})
@@ -205,6 +207,7 @@ def _finish(out_dir: Path, metrics: dict, config: dict, fingerprint: dict, tenso
     publish_log(out_dir)
     write_json(out_dir / "metrics.json", metrics)
     shutil.rmtree(out_dir / "checkpoint", ignore_errors=True)
+    runtime.world.barrier()
     return metrics
 
 

@@ -18,8 +18,15 @@ its state onto its parameters' device, so a run resumes on another device than t
 
 Under torchrun the runtime's `World` makes the same loop data-parallel (see linvit.distributed):
 each rank trains on its share of every global batch, gradients and the loss are averaged over the
-ranks before the step, evaluation counts are summed, and only rank 0 writes the log and
-checkpoints. Every rank resumes from the same checkpoint.
+ranks before the step (overlapping backward), evaluation counts are summed, and only rank 0 writes
+the log and checkpoints. Every rank resumes from the same checkpoint, each with its own random stream.
+
+The divergence check (`diverged`) does not read the loss on the host every step, which on a GPU
+would wait for the step to finish: it runs at the steps `_check_due` names (the first, every
+`log_every`-th, every step that evaluates or checkpoints, the last), before that step's update,
+on the highest loss since the previous check. A run whose loss blows up is stopped at the next
+check, with the steps the loss was in; at most `log_every` - 1 updates from unchecked losses happen
+first, and none of them reaches a checkpoint.
 """
 
 from __future__ import annotations
@@ -376,7 +383,8 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         print(f"{desc}: data parallel over {world.size} processes ({world.backend}), {local_batch} "
               f"samples each of every batch of {spec.batch_size}", file=sys.stderr)
 
-    torch.manual_seed(seed)
+    # Each rank its own stream for dropout, drop-path and mixup; rank 0's is the seed's (linvit.distributed).
+    torch.manual_seed(world.rank_seed(seed))
     step, elapsed, start_loss = 0, 0.0, None
     try:
         resumed = ckpts.load(model, fingerprint)
@@ -396,12 +404,18 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     if resumed is not None:
         model.load_state_dict(weights)  # keys and shapes were checked
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["rng"])
-        if runtime.cuda and "cuda_rng" in state:  # dropout on CUDA draws from the device's generator
-            torch.cuda.set_rng_state(state["cuda_rng"], runtime.device)
+        step, elapsed, start_loss = meta["step"], meta["elapsed_s"], meta["start_loss"]
+        # This rank's generators: rank 0's are "rng"/"cuda_rng", the others' in "ranks_rng".
+        others = state.get("ranks_rng") or []
+        rng = state if world.rank == 0 else (others[world.rank - 1] if world.rank <= len(others) else None)
+        if rng is None:  # more processes than wrote the checkpoint: a fresh stream of (seed, rank, step)
+            torch.manual_seed(world.rank_seed(seed, step))
+        else:
+            torch.set_rng_state(rng["rng"])
+            if runtime.cuda and "cuda_rng" in rng:  # dropout on CUDA draws from the device's generator
+                torch.cuda.set_rng_state(rng["cuda_rng"], runtime.device)
         if scaler is not None and state.get("scaler"):
             scaler.load_state_dict(state["scaler"])
-        step, elapsed, start_loss = meta["step"], meta["elapsed_s"], meta["start_loss"]
         if world.main:
             print(f"{desc}: resuming from step {step}", file=sys.stderr)
     # The ranks start from equal parameters whatever each built or loaded (they should agree anyway).
@@ -409,12 +423,12 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     log = _Log(live_log_path(out_dir), step if resumed is not None else None) if world.main else _NoLog()
 
     def checkpoint():
+        rngs = world.rng_states(runtime.device if runtime.cuda else None)  # every rank takes part
         if not world.main:
             return
-        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "rng": torch.get_rng_state()}
-        if runtime.cuda:
-            state["cuda_rng"] = torch.cuda.get_rng_state(runtime.device)
+        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), **rngs[0]}
+        if world.parallel:
+            state["ranks_rng"] = rngs[1:]
         if scaler is not None:
             state["scaler"] = scaler.state_dict()
         ckpts.save(step, model, state,
@@ -436,6 +450,9 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         evaluate(0, 0, final=False)  # what the initialization alone gives
     bar = _progress(spec.steps, step, desc, quiet=not world.main)
     last_loss, started = float("nan"), time.perf_counter() - elapsed
+    # The loss is read on the host (a sync on CUDA) only at the steps `_check_due` names; between
+    # them the highest loss since the last check stays on the device (NaN wins: torch.maximum).
+    sync, worst, since = world.gradient_sync([p for _, p in named]), None, step + 1
     model.train()
     try:
         while step < spec.steps:
@@ -447,12 +464,20 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
                 with runtime.autocast():
                     loss = task.loss(x, y)
                 (loss if scaler is None else scaler.scale(loss)).backward()
-                # The mean over the ranks' gradients and losses (the loss itself with one process).
-                value = world.average_gradients([p for _, p in named], loss)
-                if start_loss is None:
-                    start_loss = value
-                if diverged(spec, value, start_loss):  # before the step: no update from this batch
-                    raise TrainingDiverged(_diverged_message(desc, spec, value, start_loss, step + 1))
+                # The mean over the ranks' gradients and losses (the loss itself with one process),
+                # the loss left on the device.
+                value = sync.average(loss)
+                worst = value if worst is None else torch.maximum(worst, value)
+                checked = _check_due(spec, step + 1, steps_per_epoch)
+                if checked:
+                    last_loss, highest = value.item(), worst.item()
+                    if start_loss is None:
+                        start_loss = last_loss
+                    if diverged(spec, highest, start_loss):  # before the step: no update from this batch
+                        if diverged(spec, last_loss, start_loss):  # this step's own loss: say so
+                            highest, since = last_loss, step + 1
+                        raise TrainingDiverged(_diverged_message(desc, spec, highest, start_loss, since, step + 1))
+                    worst, since = None, step + 2
                 if scaler is None:
                     if spec.clip_grad:
                         nn.utils.clip_grad_norm_([p for _, p in named], spec.clip_grad)
@@ -465,9 +490,8 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
                     scaler.update()
                 scheduler.step()
                 step += 1
-                last_loss = value
                 elapsed = time.perf_counter() - started
-                bar.update(step, last_loss)
+                bar.update(step, last_loss if checked else value)
                 if step % spec.log_every == 0 or step == spec.steps:
                     log.write({"kind": "train", "step": step, "epoch": epoch, "loss": last_loss,
                                "lr": scheduler.get_last_lr()[0], "elapsed_s": round(elapsed, 3)})
@@ -481,17 +505,31 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         bar.close()
         final = evaluate(step, (step - 1) // steps_per_epoch, final=True)
     finally:
+        sync.close()
         log.close()
     return {"steps": step, "epochs": step / steps_per_epoch, "train_time_s": round(elapsed, 3),
             "eval_time_s": round(eval_time[0], 3), "images_seen": step * spec.batch_size,
             "final_loss": last_loss, **final}
 
 
-def _diverged_message(desc: str, spec: TrainSpec, value: float, start_loss: float, step: int) -> str:
+def _check_due(spec: TrainSpec, step: int, steps_per_epoch: int) -> bool:
+    """Whether `fit` reads the loss on the host at `step` (counted from 1) to check it for divergence:
+    the first step (the run's start loss), every step that logs (`log_every`), evaluates,
+    checkpoints or ends an epoch, and the last. So at least every `log_every` steps, and never a
+    checkpoint or an evaluation of parameters updated by an unchecked loss. Between checks the
+    step does not wait for the GPU."""
+    return (step == 1 or step % spec.log_every == 0 or step == spec.steps or step % steps_per_epoch == 0
+            or bool(spec.eval_every and step % spec.eval_every == 0)
+            or bool(spec.checkpoint_every and step % spec.checkpoint_every == 0))
+
+
+def _diverged_message(desc: str, spec: TrainSpec, value: float, start_loss: float, since: int, step: int) -> str:
+    """`value`: the highest loss of steps `since`..`step`, the steps since the last check."""
+    where = f"at step {step}" if since >= step else f"in steps {since}-{step} (checked every few steps)"
     if not math.isfinite(value):
-        why = f"loss became {value} at step {step}"
+        why = f"loss became {value} {where}"
     else:
-        why = (f"loss {value:.4g} at step {step} is over {spec.diverge_factor:g}x the start "
+        why = (f"loss {value:.4g} {where} is over {spec.diverge_factor:g}x the start "
                f"({max(DIVERGE_FLOOR, start_loss):.4g}; train.diverge_factor)")
     return f"{desc}: diverged: {why}; stopped, no metrics written"
 
@@ -520,17 +558,19 @@ class _progress:
 
             self.bar = tqdm(total=total, initial=start, desc=desc, dynamic_ncols=True)
 
-    def update(self, step: int, loss: float) -> None:
+    def update(self, step: int, loss) -> None:
+        """`loss`: a float, or a tensor on the device, read (a host sync) only when a line is printed."""
         if self.quiet:
             return
         if self.bar is not None:
             self.bar.n = step
-            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            if isinstance(loss, float):  # the bar shows the loss of the last checked step
+                self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
             self.bar.refresh()
             return
         now = time.monotonic()
         if step >= self.next_line or step == self.total or now >= self.next_time:
-            print(f"{self.desc}: step {step}/{self.total} loss {loss:.4f}", file=sys.stderr, flush=True)
+            print(f"{self.desc}: step {step}/{self.total} loss {float(loss):.4f}", file=sys.stderr, flush=True)
             self.next_line = step + max(1, self.total // 10)
             self.next_time = now + PROGRESS_SECONDS
 

@@ -381,6 +381,63 @@ def test_divergence_rule_is_a_factor_of_the_first_loss():
                                   1e30, start_loss=1.0)
 
 
+class _SpikeTask:
+    """linvit.dpcheck's MLP task whose loss is multiplied by 10**4 at the steps in `spikes` (counted
+    from 1): a finite blow-up that the next batch no longer shows."""
+
+    def __init__(self, spikes):
+        from linvit.dpcheck import _Task
+
+        self.inner, self.spikes, self.calls = _Task(torch.device("cpu"), 0.0), set(spikes), 0
+        self.model = self.inner.model
+
+    def trainable(self):
+        return self.inner.trainable()
+
+    def loss(self, x, y):
+        self.calls += 1
+        return self.inner.loss(x, y) * (1e4 if self.calls in self.spikes else 1.0)
+
+    def evaluate(self, final):
+        return {}
+
+
+def _spiky_fit(tmp_path, spikes, **spec):
+    from linvit.dpcheck import _Data
+
+    torch.manual_seed(0)
+    task = _SpikeTask(spikes)
+    spec = train_mod.TrainSpec(**{"steps": 20, "batch_size": 8, "lr": 1e-3, "log_every": 5, **spec})
+    return task, train_mod.fit(task, spec, _Data(8 * 20, 0), tmp_path, seed=0, desc="spiky")
+
+
+def test_divergence_is_checked_every_log_every_steps_on_the_highest_loss_since(tmp_path):
+    # A spike at step 3 of a run logging every 5 steps: not read on the host at step 3, but the
+    # check at step 5 sees the highest loss since step 2 and stops before step 5's update.
+    with pytest.raises(train_mod.TrainingDiverged) as err:
+        _spiky_fit(tmp_path, spikes=[3])
+    assert "spiky: diverged: loss" in str(err.value) and "in steps 2-5 (checked every few steps)" in str(err.value)
+    # At a step that checks, as before: named as that step.
+    with pytest.raises(train_mod.TrainingDiverged, match="at step 5 is over 100x the start"):
+        _spiky_fit(tmp_path / "b", spikes=[5])
+
+
+def test_the_loss_is_read_on_the_host_only_at_the_checked_steps(tmp_path, monkeypatch):
+    reads = []
+    item, to_float = torch.Tensor.item, torch.Tensor.__float__
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append(t) or item(t))
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda t: reads.append(t) or to_float(t))
+    task, summary = _spiky_fit(tmp_path, spikes=[], checkpoint_every=8)
+    assert summary["steps"] == 20 and math.isfinite(summary["final_loss"])
+    checked = [s for s in range(1, 21) if train_mod._check_due(train_mod.TrainSpec(
+        steps=20, batch_size=8, lr=1e-3, log_every=5, checkpoint_every=8), s, 20)]
+    assert checked == [1, 5, 8, 10, 15, 16, 20]
+    # The loss and the highest loss since the last check, at each checked step; the progress
+    # lines (every tenth of the run: steps 1, 3, 5, ..., 19) read theirs when they print.
+    progress = [s for s in range(1, 21, 2) if s not in checked]
+    assert len(reads) == 2 * len(checked) + len(progress), len(reads)
+
+
 # ----------------------------------------------------------------------------- weight decay, probe
 
 

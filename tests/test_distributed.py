@@ -221,3 +221,148 @@ def test_a_rule_with_two_gpus_trains_under_torchrun(tmp_path):
     assert steps == sorted(set(steps)) and steps[-1] == 12
     metrics = json.loads((tmp_path / "results/teacher/micro/metrics.json").read_text())
     assert metrics["steps"] == 12 and metrics["images_seen"] == 12 * 32
+
+
+# ----------------------------------------------------------------------------- streams, process group, buckets
+
+def test_each_rank_draws_its_own_dropout_and_rank_zero_draws_what_one_process_does():
+    # Two gloo ranks of the real loop (linvit.train.fit) on an MLP with dropout, and one process alone
+    # with the per-rank batch: the ranks' masks differ, rank 0's are the lone process's, and the
+    # parameters are equal to the bit across ranks (several gradient buckets per step).
+    from linvit import dpcheck
+
+    result = dpcheck.check("cpu", steps=4, batch=16)
+    assert result["backend"] == "gloo"
+    assert result["params_equal"], result
+    assert result["masks_differ"] and 0.3 < result["mask_fraction_differing"] < 0.7, result
+    assert result["rank0_masks_are_one_process"], result
+    assert result["ok"]
+
+
+def test_rank_seeds_keep_rank_zero_and_split_the_others():
+    from linvit.distributed import World, rank_seed
+
+    assert rank_seed(7, 0) == 7 and World(rank=0, size=4).rank_seed(7) == 7  # one process: as before
+    seeds = {rank_seed(7, r) for r in range(8)} | {rank_seed(8, r) for r in range(8)}
+    assert len(seeds) == 16 and all(0 <= s < 2**63 for s in seeds)
+    assert rank_seed(7, 0, step=12) != 7 and rank_seed(7, 1, step=12) != rank_seed(7, 1)
+
+
+def _cuda_machine(monkeypatch, *, count, local_rank, visible="0"):
+    """A process of a 2-rank torchrun job on a machine with `count` GPUs (mocked); joining the group
+    records its arguments instead of joining."""
+    import torch
+    import torch.distributed as dist
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", str(local_rank))
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    joined = []
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: joined.append(kw))
+    return joined
+
+
+def test_a_rank_without_its_gpu_is_one_line_before_joining(monkeypatch):
+    from linvit.device import runtime
+    from linvit.distributed import World
+
+    joined = _cuda_machine(monkeypatch, count=1, local_rank=1, visible="0")
+    with pytest.raises(ValueError) as err:
+        runtime({}, "cuda")
+    msg = str(err.value)
+    assert "\n" not in msg and "LOCAL_RANK=1" in msg and "sees 1 CUDA device(s)" in msg
+    assert "CUDA_VISIBLE_DEVICES '0'" in msg and "--nproc-per-node" in msg
+    assert joined == []  # the other rank is not left waiting in the group
+    joined = _cuda_machine(monkeypatch, count=0, local_rank=0, visible=None)
+    with pytest.raises(ValueError, match=r"LOCAL_RANK=0 .* 0 CUDA devices .*CUDA_VISIBLE_DEVICES unset"):
+        World.from_env("cuda")
+    assert joined == []
+
+
+def test_the_group_is_joined_with_a_timeout_and_this_rank_s_gpu(monkeypatch):
+    import datetime
+
+    import torch
+
+    from linvit.distributed import World
+
+    joined = _cuda_machine(monkeypatch, count=2, local_rank=1, visible="2,3")
+    assert World.from_env("cuda") == World(rank=1, size=2, local_rank=1)
+    assert joined == [{"backend": "nccl", "timeout": datetime.timedelta(minutes=30),
+                       "device_id": torch.device("cuda", 1)}]
+    joined.clear()
+    monkeypatch.setenv("LINVIT_DIST_TIMEOUT_MIN", "90")
+    World.from_env("cpu")
+    assert joined == [{"backend": "gloo", "timeout": datetime.timedelta(minutes=90)}]
+    monkeypatch.setenv("LINVIT_DIST_TIMEOUT_MIN", "soon")
+    with pytest.raises(ValueError, match="LINVIT_DIST_TIMEOUT_MIN='soon' is not a positive number"):
+        World.from_env("cpu")
+
+
+def _buckets_rank(rank, port, out):
+    """One of two gloo ranks: GradientSync's bucketed, overlapped averaging against the mean of the
+    two ranks' own gradients (gathered); written to out/rank<r>.pt."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from linvit.distributed import World
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        torch.manual_seed(0)
+        # The unused layer is registered first: its bucket (the last) waits for `average`.
+        model = nn.ModuleDict({"unused": nn.Linear(3, 3), "net": nn.Sequential(
+            nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))})
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
+        loss = model["net"](x).square().mean()
+        loss.backward()
+        own = [p.grad.clone() for p in model["net"].parameters()]
+        both = []
+        for g in own + [loss.detach().reshape(1)]:
+            parts = [torch.empty_like(g) for _ in range(2)]
+            dist.all_gather(parts, g)
+            both.append((parts[0] + parts[1]) / 2)
+        model.zero_grad(set_to_none=True)
+        sync = World(rank=rank, size=2).gradient_sync(model.parameters(), bucket_mb=4096 / 2**20)
+        for _ in range(2):  # twice: the state is reset between steps
+            model.zero_grad(set_to_none=True)
+            loss = model["net"](x).square().mean()
+            loss.backward()
+            during = len(sync.launched)
+            mean = sync.average(loss)
+        sync.close()
+        torch.save({"buckets": len(sync.buckets), "during_backward": during, "hooks": len(sync.hooks),
+                    "exact": all(torch.equal(p.grad, e) for p, e in zip(model["net"].parameters(), both)),
+                    "loss_exact": torch.equal(mean.reshape(1), both[-1]),
+                    "unused": [p.grad for p in model["unused"].parameters()]}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bucketed_averaging_overlaps_backward_and_equals_the_mean_to_the_bit(tmp_path):
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_buckets_rank, args=(port, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    for rank in (0, 1):
+        r = torch.load(tmp_path / f"rank{rank}.pt")
+        # 8 tensors in 4 KiB buckets: [b3, w3, b2], [w2], [b1], [w1], [unused.b, unused.w]
+        assert r["buckets"] == 5 and r["hooks"] == 0
+        assert r["during_backward"] == 4  # launched while backward ran; the unused layer's waited
+        assert r["exact"] and r["loss_exact"]
+        assert r["unused"] == [None, None]

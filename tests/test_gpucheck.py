@@ -47,6 +47,30 @@ def test_cpu_run_writes_train_and_attention_csvs(tmp_path, quiet_machine, capsys
     assert (maps.terms == 2 * n_maps).all() and (maps.max_rel_diff < 0.1).all()
     assert "map losses under autocast (bf16; fp16 skipped on the CPU)" in out and "maps_cpu.csv" in out
     assert "gpucheck: maps bf16        elu: maps float32, finite True" in err
+    assert "data parallelism (2 ranks, linvit.dpcheck):" in out
+    assert "skipped: needs 2 GPUs; not on CUDA; tests/test_distributed.py runs it on the CPU with gloo" in out
+
+
+def test_the_data_parallel_check_is_rows_of_a_table_or_one_skipped_row(monkeypatch):
+    import linvit.dpcheck
+
+    rt = gpucheck.Runtime(torch.device("cuda"), "bf16")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    (row,) = gpucheck.data_parallel(rt).to_dict("records")
+    assert row == {"check": "data parallel, 2 ranks", "ok": "",
+                   "result": "skipped: needs 2 GPUs; this machine shows 1 CUDA device(s) (CUDA_VISIBLE_DEVICES 3)"}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    result = {"ranks": 2, "backend": "nccl", "steps": 4, "batch": 16, "param_max_diff": 0.0, "params_equal": True,
+              "mask_fraction_differing": 0.5, "masks_differ": True, "rank0_masks_are_one_process": False}
+    monkeypatch.setattr(linvit.dpcheck, "check", lambda device: result)
+    rows = gpucheck.data_parallel(rt)
+    assert list(rows.check) == ["processes", "parameters equal across ranks", "dropout masks differ between ranks",
+                                "rank 0's masks are one process's"]
+    assert list(rows.ok) == [True, True, True, False] and rows.result[2] == "50% of the entries differ"
+    monkeypatch.setattr(linvit.dpcheck, "check", lambda device: (_ for _ in ()).throw(RuntimeError("NCCL error\nmore")))
+    assert gpucheck.data_parallel(rt).to_dict("records") == [
+        {"check": "data parallel, 2 ranks", "result": "RuntimeError: NCCL error", "ok": False}]
 
 
 def test_the_map_check_catches_maps_computed_under_autocast(quiet_machine, monkeypatch):

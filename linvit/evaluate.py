@@ -82,9 +82,8 @@ def _eval_maps(model: nn.Module, x: torch.Tensor) -> list[tuple[nn.Module, torch
 
 
 def _maps(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Row-stochastic (B, H, N, N) maps of one block in fp32 (autocast off)."""
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        return attention_maps(attn, x).float()
+    """Row-stochastic (B, H, N, N) maps of one block in fp32 (`attention_maps` turns autocast off)."""
+    return attention_maps(attn, x).float()
 
 
 @torch.no_grad()

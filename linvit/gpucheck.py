@@ -19,7 +19,7 @@ minutes on a CPU at the defaults (use `--size micro` there). It does three thing
    teacher-forced and end to end, for every operator as the student of a softmax teacher of
    `--size` (batch 2, seeded random images, the training step's forward and backward) under bf16
    and fp16 autocast (bf16 only on the CPU): whether the maps the losses read are float32 and finite
-   (they are computed with autocast off, linvit.losses.loss_maps), and the losses and gradients finite.
+   (`linvit.attention.attention_maps` computes them with autocast off), and the losses and gradients finite.
 4. Data parallelism, where two GPUs exist (`data_parallel`, `linvit.dpcheck`): two NCCL ranks of the
    training loop on cuda:0 and cuda:1 (a small MLP with dropout, a few steps, several gradient
    buckets) and one process alone: the parameters equal across the ranks, the ranks' dropout masks
@@ -269,7 +269,7 @@ def map_losses_all(variants, rt: Runtime, *, size: str, img_size: int, in_chans:
     """Every map loss (a registered loss that reads "maps") under bf16 and fp16 autocast on rt's device:
     one row per (precision, operator), the softmax teacher and a student of the operator built at
     `size`, seeded random images. Whether every map the losses read is float32 and finite (they are
-    computed with autocast off: linvit.losses.loss_maps), whether the losses and the student's
+    computed with autocast off by linvit.attention.attention_maps), whether the losses and the student's
     gradients are finite, and the largest relative difference of a loss from its value without
     autocast (upstream activations differ by the autocast's rounding). `precisions` defaults to bf16
     and fp16 on CUDA, bf16 only on the CPU (fp16 autocast is a GPU path)."""

@@ -16,8 +16,8 @@ independently of what the rest of the student does. End to end (`forced: false`)
 its own forward on the images and the student's tensors come from the student's forward.
 
 The per-row functions `kl_rows`, `js_rows` and `map_correlation` are shared with the evaluation.
-Attention maps are computed in at least fp32 with autocast off (`loss_maps`), as the evaluation's,
-so the N x N maps of teacher and student never run in the training autocast's bf16 or fp16.
+Attention maps are computed in at least fp32 with autocast off (`attention_maps` does it for every
+caller), so the N x N maps of teacher and student never run in the training autocast's bf16 or fp16.
 """
 
 from __future__ import annotations
@@ -188,20 +188,6 @@ class Views:
 def _f(t: torch.Tensor) -> torch.Tensor:
     """t in at least fp32 (a loss sums over many entries; float64 stays float64)."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
-def loss_maps(attn: nn.Module, x: torch.Tensor, grad: bool = False) -> torch.Tensor:
-    """The (B, H, N, N) maps a map loss reads: `attention_maps(attn, x, grad)` with autocast off, x
-    cast to at least fp32, the maps in at least fp32 (float64 stays float64), as the evaluation's.
-
-    Why: the objective runs inside the training autocast, where the N x N products (softmax's
-    logits, a linear operator's feature products and row sums) would run in bf16 or fp16: maps off by
-    their rounding (bf16 keeps 8 significant bits), and in fp16 logits or row sums that overflow or
-    underflow (performer's smallest feature products fall below fp16's range: 0/0). Every map read
-    of the objective (teacher, teacher-forced and end-to-end student) goes through here; gradients
-    flow to the student through the cast."""
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        return _f(attention_maps(attn, _f(x), grad=grad))
 
 
 # -- the losses (each docstring is its formula) ---------------------------------------------------
@@ -711,16 +697,16 @@ class _Batch:
             return (self.teacher if side == "teacher" else self.student)[("features", None)]
         if side == "teacher":
             if read == "maps":
-                return self._cached(("t_maps", l), lambda: loss_maps(
+                return self._cached(("t_maps", l), lambda: attention_maps(
                     o.teacher.blocks[l].attn, self.teacher[("attn_in", l)]).detach())
             return self.teacher[(read, l)]
         if not forced:
             if read == "maps":
-                return self._cached(("s_maps_e2e", l), lambda: loss_maps(
+                return self._cached(("s_maps_e2e", l), lambda: attention_maps(
                     o.student.blocks[l].attn, self.student[("attn_in", l)], grad=True))
             return self.student[(read, l)]
         if read == "maps":
-            return self._cached(("s_maps", l), lambda: loss_maps(
+            return self._cached(("s_maps", l), lambda: attention_maps(
                 o.student.blocks[l].attn, self.teacher[("attn_in", l)], grad=True))
         if read == "block":
             return self._cached(("s_block", l), lambda: o.student.blocks[l](self.teacher[("in", l)]))

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from linvit.attention import ATTENTION, attention_maps, available_variants
-import linvit.losses as losses
 from linvit.losses import LOSSES, Objective
 from linvit.models import build_vit, capture_attention, swap_attention
 
@@ -90,8 +89,8 @@ def test_map_losses_read_float32_maps_under_bf16_autocast(variant, monkeypatch, 
 
 @pytest.mark.parametrize("variant", available_variants())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_loss_maps_are_float32_whatever_the_autocast_and_input(variant, dtype, quiet_machine):
-    """One operator at 17 tokens: loss_maps under autocast, on an fp32 or low-precision input, equals
+def test_attention_maps_are_float32_whatever_the_autocast_and_input(variant, dtype, quiet_machine):
+    """One operator at 17 tokens: attention_maps (what every map reader calls) under autocast, on an fp32 or low-precision input, equals
     the autocast-free maps of the fp32 input to float32 rounding, and its gradient is finite."""
     torch.manual_seed(0)
     attn = ATTENTION[variant](32, 4, grid_size=(4, 4), num_prefix_tokens=1)
@@ -99,7 +98,7 @@ def test_loss_maps_are_float32_whatever_the_autocast_and_input(variant, dtype, q
     want = attention_maps(attn, x)
     for given in (x, x.to(dtype)):
         with torch.autocast("cpu", dtype=dtype):
-            got = losses.loss_maps(attn, given, grad=True)
+            got = attention_maps(attn, given, grad=True)
         assert got.dtype == torch.float32 and torch.isfinite(got).all()
         ref = want if given.dtype == torch.float32 else attention_maps(attn, given.float())
         torch.testing.assert_close(got.detach(), ref)

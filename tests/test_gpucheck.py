@@ -10,7 +10,7 @@ import torch
 import linvit.gpucheck as gpucheck
 import linvit.losses
 import linvit.models
-from linvit.attention import attention_maps
+from linvit.attention import LinearAttention, softmax_attention_maps
 from linvit.device import runtime
 
 def read(path):
@@ -74,8 +74,12 @@ def test_the_data_parallel_check_is_rows_of_a_table_or_one_skipped_row(monkeypat
 
 
 def test_the_map_check_catches_maps_computed_under_autocast(quiet_machine, monkeypatch):
-    """With the maps left to the autocast (the losses' code before loss_maps), the rows say so."""
-    monkeypatch.setattr(linvit.losses, "loss_maps", lambda attn, x, grad=False: attention_maps(attn, x, grad=grad))
+    """With the maps left to the autocast (the maps' code before attention_maps turned it off), the
+    rows say so."""
+    def under_autocast(attn, x, grad=False):
+        return attn.attention_maps(x, grad=grad) if isinstance(attn, LinearAttention) else softmax_attention_maps(attn, x)
+
+    monkeypatch.setattr(linvit.losses, "attention_maps", under_autocast)
     rt = runtime({"runtime": {"precision": "fp32"}}, device="cpu")
     maps = gpucheck.map_losses_all(["elu"], rt, size="micro", img_size=16, in_chans=1, num_classes=4)
     assert list(maps.variant) == ["elu"] and not maps.ok.any() and (maps.error == "").all()

@@ -396,8 +396,16 @@ def softmax_attention_maps(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def attention_maps(attn: nn.Module, x: torch.Tensor, grad: bool = False) -> torch.Tensor:
-    """Per-head N x N attention of any block attention (softmax or linear) on its input x."""
-    if isinstance(attn, LinearAttention):
-        return attn.attention_maps(x, grad=grad)
-    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-        return softmax_attention_maps(attn, x)
+    """Per-head N x N attention of any block attention (softmax or linear) on its input x, computed
+    with autocast off from x in at least fp32, the maps in at least fp32 (float64 stays float64).
+
+    Why here, for every caller (the map losses, evaluation, figures): under a bf16/fp16 autocast the
+    N x N products (softmax's logits, a linear operator's feature products and row sums) would round
+    to 8 significant bits, and in fp16 overflow or underflow (performer's smallest feature products
+    fall below fp16's range: 0/0). With `grad`, gradients flow to the module through the casts."""
+    f = lambda t: t.to(torch.promote_types(t.dtype, torch.float32))  # noqa: E731
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        if isinstance(attn, LinearAttention):
+            return f(attn.attention_maps(f(x), grad=grad))
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+            return f(softmax_attention_maps(attn, f(x)))

@@ -230,9 +230,9 @@ def run_teacher(config: dict, size: str, seed: int | None, shards_dir, out_dir,
     """The softmax teacher of `size`: loaded when config.teachers names it (timm's hub, its cache, or
     a file), else pretrained here on config.teacher.dataset."""
     entry = pretrained(config, size)
-    if entry is not None:
-        return _load_teacher(config, size, entry, out_dir)
     runtime = runtime or cpu_runtime()
+    if entry is not None:
+        return _load_teacher(config, size, entry, out_dir, runtime)
     dataset = get(config, "teacher.dataset")
     if seed is None or shards_dir is None:
         raise ValueError(f"teacher {size!r} is trained on {dataset!r}: give --seed and --shards")
@@ -253,9 +253,14 @@ def run_teacher(config: dict, size: str, seed: int | None, shards_dir, out_dir,
                    runtime)
 
 
-def _load_teacher(config: dict, size: str, entry: dict, out_dir) -> dict:
-    """A pretrained teacher into the teacher folder: its weights, as timm names them, and model.json."""
-    out_dir = _start(out_dir, cpu_runtime())
+def _load_teacher(config: dict, size: str, entry: dict, out_dir, runtime: Runtime) -> dict:
+    """A pretrained teacher into the teacher folder: its weights, as timm names them, and model.json.
+    Under torchrun rank 0 alone loads and writes; the other ranks wait for it at a barrier and read its
+    metrics (ranks writing the same files at once could leave a torn one)."""
+    out_dir = _start(out_dir, runtime)
+    if not runtime.world.main:
+        runtime.world.barrier()
+        return read_json(out_dir / "metrics.json", what="teacher metrics")
     start = time.perf_counter()
     model, arch = load_pretrained(entry["model"], file=entry.get("file"), model_args=entry.get("model_args"))
     arch.update(size=size, dataset=None, classes=None)
@@ -266,6 +271,7 @@ def _load_teacher(config: dict, size: str, entry: dict, out_dir) -> dict:
                "file": entry.get("file"), "params": sum(p.numel() for p in model.parameters()),
                "load_time_s": round(time.perf_counter() - start, 3)}
     write_json(out_dir / "metrics.json", metrics)
+    runtime.world.barrier()
     return metrics
 
 

@@ -366,3 +366,46 @@ def test_bucketed_averaging_overlaps_backward_and_equals_the_mean_to_the_bit(tmp
         assert r["during_backward"] == 4  # launched while backward ran; the unused layer's waited
         assert r["exact"] and r["loss_exact"]
         assert r["unused"] == [None, None]
+
+
+def test_a_pretrained_teacher_is_loaded_and_written_by_rank_zero_alone(tmp_path):
+    """A `teachers:` entry under torchrun (a teacher rule with `gpu: 2`): rank 0 loads the file and
+    writes the folder, the other rank waits for it and reads its metrics; one message, one writer."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    args = {"patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 2, "img_size": 16, "num_classes": 4}
+    torch.manual_seed(0)
+    save_file(timm.create_model("vit_tiny_patch16_224", **args).state_dict(), str(tmp_path / "t.safetensors"))
+    config = {**CONFIG, "teachers": {"micro": {"model": "vit_tiny_patch16_224", "model_args": args,
+                                               "file": str(tmp_path / "t.safetensors")}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    cmd = ["torchrun", "--standalone", "--nproc-per-node=2", "--no-python", "linvit", "teacher", "--config",
+           str(tmp_path / "c.yaml"), "--size", "micro", "--out", str(tmp_path / "t"), "--threads", "1"]
+    out = run(cmd, cwd=tmp_path)
+    assert out.stdout.count("loaded from") == 1
+    written = {p.name for p in (tmp_path / "t").iterdir()}
+    assert {"model.safetensors", "model.json", "metrics.json", "config.json"} <= written
+    assert not [n for n in written if "tmp" in n or n.startswith(".")]  # no rank's half-written file left
+    assert json.loads((tmp_path / "t" / "metrics.json").read_text())["source"] == "file"
+
+
+def test_a_rank_other_than_zero_waits_for_the_pretrained_teacher_and_loads_nothing(tmp_path, monkeypatch):
+    """In process, as rank 1 of 2: no load, no write, one barrier, and rank 0's metrics returned."""
+    import torch
+
+    import linvit.steps
+    from linvit.device import Runtime
+    from linvit.distributed import World
+
+    waited = []
+    monkeypatch.setattr(World, "barrier", lambda self: waited.append(self.rank))
+    monkeypatch.setattr(linvit.steps, "load_pretrained", lambda *a, **k: pytest.fail("rank 1 loaded the teacher"))
+    (tmp_path / "t").mkdir()
+    written = {"size": "micro", "source": "file", "model": "vit_tiny_patch16_224", "file": "t.safetensors", "params": 1}
+    (tmp_path / "t" / "metrics.json").write_text(json.dumps(written))
+    config = {**CONFIG, "teachers": {"micro": {"model": "vit_tiny_patch16_224", "file": "t.safetensors"}}}
+    rt = Runtime(device=torch.device("cpu"), precision="fp32", world=World(rank=1, size=2))
+    assert linvit.steps.run_teacher(config, "micro", None, None, tmp_path / "t", runtime=rt) == written
+    assert waited == [1] and [p.name for p in (tmp_path / "t").iterdir()] == ["metrics.json"]

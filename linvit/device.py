@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .distributed import World
+from .distributed import World, torchrun_env
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -153,11 +153,12 @@ def runtime(config: dict | None = None, device: str | None = None) -> Runtime:
     backend = resolve_compile(section.get("compile"), "config key runtime.compile")
     workers = resolve_workers(section.get("workers"), dev, "config key runtime.workers")
     # Joined only once every setting is known to be good: a bad value fails before any rank waits.
+    size, _, local_rank = torchrun_env()
+    if size > 1 and dev.type == "cuda" and dev.index is not None and dev.index != local_rank:
+        raise ValueError(f"{where}: {device!r} names one GPU, but this is one of {size} torchrun "
+                         f"processes, each on its own GPU (cuda:LOCAL_RANK): give cuda or auto")
     world = World.from_env(dev.type)
     if world.parallel and dev.type == "cuda":
-        if dev.index is not None and dev.index != world.local_rank:
-            raise ValueError(f"{where}: {device!r} names one GPU, but this is one of {world.size} torchrun "
-                             f"processes, each on its own GPU (cuda:LOCAL_RANK): give cuda or auto")
         dev = resolve_device(f"cuda:{world.local_rank}", f"{where} (torchrun LOCAL_RANK)")
     if dev.type == "cuda":
         # TF32 tensor cores for the fp32 matmuls left outside autocast (10 mantissa bits, as bf16 has 7).

@@ -89,6 +89,11 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={value!r} is not an integer (set by torchrun)") from None
 
 
+def torchrun_env() -> tuple[int, int, int]:
+    """(WORLD_SIZE, RANK, LOCAL_RANK) as torchrun sets them, read without joining; (1, 0, 0) without it."""
+    return _env_int("WORLD_SIZE", 1), _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+
+
 @dataclass(frozen=True)
 class World:
     """This process's place among the ranks of a job (rank 0 of 1 without torchrun)."""
@@ -114,10 +119,9 @@ class World:
     @classmethod
     def from_env(cls, device_type: str) -> "World":
         """Join the process group torchrun describes in the environment (once per process)."""
-        size = _env_int("WORLD_SIZE", 1)
+        size, rank, local_rank = torchrun_env()
         if size <= 1:
             return cls()
-        rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
         if not dist.is_initialized():
             options = {"backend": "nccl" if device_type == "cuda" else "gloo", "timeout": timeout()}
             if device_type == "cuda":

@@ -287,6 +287,15 @@ def test_a_rank_without_its_gpu_is_one_line_before_joining(monkeypatch):
     assert joined == []
 
 
+def test_a_rank_given_another_rank_s_gpu_is_one_line_before_joining(monkeypatch):
+    from linvit.device import runtime
+
+    joined = _cuda_machine(monkeypatch, count=2, local_rank=1, visible="0,1")
+    with pytest.raises(ValueError, match=r"^--device: 'cuda:0' names one GPU, but this is one of 2 torchrun"):
+        runtime({}, "cuda:0")
+    assert joined == []  # the other rank is not left waiting in the group
+
+
 def test_the_group_is_joined_with_a_timeout_and_this_rank_s_gpu(monkeypatch):
     import datetime
 

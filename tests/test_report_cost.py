@@ -81,6 +81,7 @@ def test_cost_per_rule_with_totals(results):
     assert "| teacher " in cost and "| student: copy_mlp_distill " in cost and "| total " in cost
     assert f"| distill: copy_mlp_distill/{DESIGN} " in cost
     assert "| 1 of 1 " in cost and "| 0 of 1 " in cost and "| 158.0 " in cost
+    assert "CPU time is what Snakemake's sampler saw" in cost and "a lower bound" in cost
 
 
 def test_no_benchmarks_give_nan_columns_and_no_error(tmp_path):

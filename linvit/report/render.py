@@ -444,7 +444,9 @@ def _rule_cost_section(jobs: pd.DataFrame, config: dict) -> str:
             "init strategy and design (one job per cell and seed, shared by every budget), students per init "
             "strategy (every design and budget); wall-clock seconds "
             "(mean over a job's repeats) summed over jobs, and per job; peak memory is the highest max_rss of any "
-            "job. Totals add job times, so they exceed the elapsed time when jobs ran in parallel. Per run, "
+            "job. Totals add job times, so they exceed the elapsed time when jobs ran in parallel. CPU time is "
+            "what Snakemake's sampler saw (every 0.5 s for a job's first 15 s, then every 30 s): a lower bound, "
+            "missing what a job used after its last sample. Per run, "
             "runs.csv has train_wall_s, train_max_rss_mb, eval_wall_s and eval_max_rss_mb.\n\n"
             + _markdown(table) + notes)
 

@@ -191,16 +191,21 @@ def rank_seed(seed: int, rank: int, step: int = 0) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{rank}:{step}".encode()).digest()[:8], "little") >> 1
 
 
+def _env_positive(name: str, default: float, what: str) -> float:
+    """A positive number from environment variable `name` (unset or empty: `default`), else one line."""
+    value = os.environ.get(name, "")
+    try:
+        number = float(value) if value else default
+    except ValueError:
+        number = -1
+    if not number > 0:
+        raise ValueError(f"environment variable {name}={value!r} is not a positive {what}")
+    return number
+
+
 def timeout() -> datetime.timedelta:
     """How long a rank waits at a collective: LINVIT_DIST_TIMEOUT_MIN minutes (default `TIMEOUT_MIN`)."""
-    value = os.environ.get("LINVIT_DIST_TIMEOUT_MIN", "")
-    try:
-        minutes = float(value) if value else TIMEOUT_MIN
-    except ValueError:
-        minutes = -1
-    if not minutes > 0:
-        raise ValueError(f"environment variable LINVIT_DIST_TIMEOUT_MIN={value!r} is not a positive number of minutes")
-    return datetime.timedelta(minutes=minutes)
+    return datetime.timedelta(minutes=_env_positive("LINVIT_DIST_TIMEOUT_MIN", TIMEOUT_MIN, "number of minutes"))
 
 
 def check_local_gpu(local_rank: int, size: int) -> None:
@@ -231,13 +236,7 @@ class GradientSync:
         if not world.parallel:
             return
         if bucket_mb is None:
-            value = os.environ.get("LINVIT_BUCKET_MB", "")
-            try:
-                bucket_mb = float(value) if value else BUCKET_MB
-            except ValueError:
-                bucket_mb = -1
-            if not bucket_mb > 0:
-                raise ValueError(f"environment variable LINVIT_BUCKET_MB={value!r} is not a positive number")
+            bucket_mb = _env_positive("LINVIT_BUCKET_MB", BUCKET_MB, "number")
         unique = list({id(p): p for p in params if p.requires_grad}.values())
         limit, size = bucket_mb * 2**20, 0
         for p in reversed(unique):  # backward reaches the last registered parameters first

@@ -316,6 +316,16 @@ def test_the_group_is_joined_with_a_timeout_and_this_rank_s_gpu(monkeypatch):
         World.from_env("cpu")
 
 
+def test_a_bad_bucket_size_is_one_line(monkeypatch):
+    import torch
+
+    from linvit.distributed import World
+
+    monkeypatch.setenv("LINVIT_BUCKET_MB", "0")
+    with pytest.raises(ValueError, match=r"^environment variable LINVIT_BUCKET_MB='0' is not a positive number$"):
+        World(rank=0, size=2).gradient_sync([torch.nn.Parameter(torch.zeros(3))])
+
+
 def _buckets_rank(rank, port, out):
     """One of two gloo ranks: GradientSync's bucketed, overlapped averaging against the mean of the
     two ranks' own gradients (gathered); written to out/rank<r>.pt."""

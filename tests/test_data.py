@@ -258,6 +258,17 @@ def test_writing_is_deterministic_atomic_and_leaves_other_files(synth_dir, tmp_p
     assert other["splits"]["train"]["shards"][0]["sha256"] != first["splits"]["train"]["shards"][0]["sha256"]
 
 
+def test_a_swap_killed_between_its_two_renames_is_completed_by_the_next_run(synth_dir, tmp_path):
+    # The swap renames out_dir to .<name>.old, then the new folder to out_dir: killed in between,
+    # out_dir is missing, and the next run puts the old folder back before it writes.
+    out = tmp_path / "shards"
+    first = write_shards("synth", SYNTH, out, seed=3, samples_per_shard=100)
+    out.rename(tmp_path / ".shards.old")
+    assert write_shards("synth", SYNTH, out, seed=3, samples_per_shard=100) == first
+    assert json.loads((out / MANIFEST).read_text()) == first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shards"]  # no .old or .partial folder left
+
+
 # ----------------------------------------------------------------------------- loader
 
 

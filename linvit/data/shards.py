@@ -29,8 +29,8 @@ both the shard's inputs and the file's sha256, and writes only the rest.
 
 A (re)run writes into ``.<out_dir name>.partial`` beside ``out_dir``, starting from hard links to
 ``out_dir``'s shards and records (so unchanged shards are kept, not rewritten), and swaps the complete
-folder in only at the end, in one atomic rename (Linux's ``renameat2(RENAME_EXCHANGE)``; else two
-renames, undone by the next run if interrupted between them). A run that fails (a corrupt image, a
+folder in only at the end, by two renames (out_dir to ``.<name>.old``, the new folder to out_dir; a
+run killed between them is completed by the next run). A run that fails (a corrupt image, a
 full disk) or is killed leaves ``out_dir`` exactly as it was, ``_info.json`` included; the next run
 resumes from the partial folder. An ``out_dir`` holding other files than the writer's (or the
 working directory, or a link) is updated file by file instead, ``_info.json`` last.
@@ -38,7 +38,6 @@ working directory, or a link) is updated file by file instead, ``_info.json`` la
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import io
 import json
@@ -173,15 +172,14 @@ def _share(src: Path, dst: Path) -> None:
 
 
 def _commit(stage: Path, out_dir: Path) -> None:
-    """The complete new folder in out_dir's place: swapped in one rename where out_dir holds only
-    what this writer makes, else moved in file by file (the manifest last)."""
+    """The complete new folder in out_dir's place: swapped in by two renames where out_dir holds only
+    what this writer makes (`_stage` completes a swap killed between them), else moved in file by file
+    (the manifest last)."""
     base = Path(os.path.abspath(out_dir))
     if stage.parent == base or not _only_shards(base):
         _commit_files(stage, base)
     elif not os.path.lexists(base):
         os.rename(stage, base)
-    elif _exchange(stage, base):
-        shutil.rmtree(stage, ignore_errors=True)  # the old folder, now under the partial name
     else:
         old = _beside(base, _OLD)
         shutil.rmtree(old, ignore_errors=True)
@@ -206,19 +204,6 @@ def _only_shards(base: Path) -> bool:
         return False
     return all(p.name in (MANIFEST, PROGRESS) or (_SHARD_NAME.match(p.name) and p.is_file())
                for p in base.iterdir())
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two folders in one atomic rename (Linux renameat2 with RENAME_EXCHANGE); False where
-    that is not available (another system, an old kernel or C library, a filesystem without it)."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    renameat2.restype = ctypes.c_int
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def _commit_files(stage: Path, base: Path) -> None:

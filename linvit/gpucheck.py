@@ -114,6 +114,20 @@ def _free(rt: Runtime) -> None:
         torch.cuda.empty_cache()
 
 
+def _run_row(rt: Runtime, row: dict, work, label: str, done) -> dict:
+    """One row of a check: `work()`'s dict merged into `row`, or its exception kept as the row's
+    one-line error (an OOM or a kernel failing in one operator leaves the others to run); memory
+    freed, torch's version added, and the row said on stderr (`done(row)` when it worked)."""
+    try:
+        row.update(work())
+    except Exception as err:  # noqa: BLE001 - recorded in the row
+        row["error"] = _one_line(err)
+    _free(rt)
+    row["torch"] = torch.__version__
+    print(f"gpucheck: {label}: {row['error'] or done(row)}", file=sys.stderr, flush=True)
+    return row
+
+
 def train_operator(variant: str, rt: Runtime, *, size: str, img_size: int, in_chans: int,
                    num_classes: int, batch: int, steps: int, warmup: int, seed: int = 0) -> dict:
     """Images/s, peak memory and losses of a short AdamW run of one operator on random data."""
@@ -173,17 +187,11 @@ def train_all(variants, rt: Runtime, *, size, img_size, in_chans, num_classes, b
         row = {"variant": v, **common, "params_m": math.nan, "images_per_s": math.nan,
                "step_ms": math.nan, "peak_mem_mib": math.nan, "peak_mem_kind": kind,
                "first_loss": math.nan, "last_loss": math.nan, "losses_finite": False, "error": ""}
-        try:
-            row.update(train_operator(v, rt, size=size, img_size=img_size, in_chans=in_chans,
-                                      num_classes=num_classes, batch=batch, steps=steps, warmup=warmup))
-        except Exception as err:  # noqa: BLE001 - one operator's failure (OOM, a kernel) is its row's
-            row["error"] = _one_line(err)
-        _free(rt)
-        row["torch"] = torch.__version__
-        rows.append(row)
-        done = (f"{row['images_per_s']:9.1f} img/s, peak {row['peak_mem_mib']:8.0f} MiB, loss "
-                f"{row['first_loss']:.3f} -> {row['last_loss']:.3f}" if not row["error"] else row["error"])
-        print(f"gpucheck: train {v:>10}: {done}", file=sys.stderr, flush=True)
+        rows.append(_run_row(
+            rt, row, lambda: train_operator(v, rt, size=size, img_size=img_size, in_chans=in_chans,
+                                            num_classes=num_classes, batch=batch, steps=steps, warmup=warmup),
+            f"train {v:>10}", lambda r: (f"{r['images_per_s']:9.1f} img/s, peak {r['peak_mem_mib']:8.0f} MiB, "
+                                         f"loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}")))
     return pd.DataFrame(rows)
 
 
@@ -204,17 +212,12 @@ def benchmark_all(variants, rt: Runtime, tokens, *, size: str):
                    "precision": "fp32+tf32" if tf32 else "fp32", "ms": math.nan, "peak_mem_mib": math.nan,
                    "error": ""}
             _reset_peak(rt)
-            try:
-                row["ms"] = time_operator(v, n, device=rt.device, **shape) * 1e3
-                if rt.cuda:
-                    row["peak_mem_mib"] = _peak_mib(rt)
-            except Exception as err:  # noqa: BLE001 - recorded; the other operators still run
-                row["error"] = _one_line(err)
-            _free(rt)
-            row["torch"] = torch.__version__
-            rows.append(row)
-            done = f"{row['ms']:9.2f} ms" if not row["error"] else row["error"]
-            print(f"gpucheck: attention {v:>10} N={n:>6}: {done}", file=sys.stderr, flush=True)
+
+            def timed(v=v, n=n):
+                ms = time_operator(v, n, device=rt.device, **shape) * 1e3
+                return {"ms": ms, **({"peak_mem_mib": _peak_mib(rt)} if rt.cuda else {})}
+
+            rows.append(_run_row(rt, row, timed, f"attention {v:>10} N={n:>6}", lambda r: f"{r['ms']:9.2f} ms"))
     df = pd.DataFrame(rows)
     ref = df[df.variant == SOFTMAX].set_index("tokens")["ms"]
     df.insert(df.columns.get_loc("ms") + 1, "speedup_vs_softmax", [ref.get(n, math.nan) / ms
@@ -287,7 +290,8 @@ def map_losses_all(variants, rt: Runtime, *, size: str, img_size: int, in_chans:
             row = {"precision": precision, "variant": v, "terms": 0, "maps_dtype": "", "maps_finite": False,
                    "loss_finite": False, "max_rel_diff": math.nan, "worst_term": "", "grads_finite": False,
                    "ok": False, "error": ""}
-            try:
+
+            def check(precision=precision, v=v):
                 if precision == "bf16" and rt.cuda and not torch.cuda.is_bf16_supported():
                     raise RuntimeError("bf16 is not supported on this GPU")
                 models = []
@@ -295,15 +299,11 @@ def map_losses_all(variants, rt: Runtime, *, size: str, img_size: int, in_chans:
                     torch.manual_seed(seed + i)
                     models.append(build_vit(size, num_classes=num_classes, img_size=img_size, in_chans=in_chans,
                                             variant=variant).to(rt.device).train())
-                row.update(_map_losses_one(*models, x, dtypes[precision]))
-            except Exception as err:  # noqa: BLE001 - recorded; the other operators still run
-                row["error"] = _one_line(err)
-            _free(rt)
-            row["torch"] = torch.__version__
-            rows.append(row)
-            done = (f"maps {row['maps_dtype']}, finite {row['maps_finite']}, loss rel diff "
-                    f"{row['max_rel_diff']:.2g}" if not row["error"] else row["error"])
-            print(f"gpucheck: maps {precision} {v:>10}: {done}", file=sys.stderr, flush=True)
+                return _map_losses_one(*models, x, dtypes[precision])
+
+            rows.append(_run_row(rt, row, check, f"maps {precision} {v:>10}",
+                                 lambda r: (f"maps {r['maps_dtype']}, finite {r['maps_finite']}, "
+                                            f"loss rel diff {r['max_rel_diff']:.2g}")))
     return pd.DataFrame(rows)
 
 

@@ -240,6 +240,31 @@ def pretrained(config: dict, size: str) -> dict | None:
     return config.get("teachers", {}).get(size)
 
 
+# How a grid's teachers are replicated (teacher_design): what every verdict's intervals are over.
+PER_SEED = "per_seed"      # a trained teacher per student seed: the intervals cover teachers
+ONE_TEACHER = "one"        # one trained teacher for every seed (teacher.seed an integer): conditional on it
+CHECKPOINT = "checkpoint"  # a pretrained teacher (teachers:): the verdicts are about that checkpoint
+
+
+def teacher_design(config: dict, size: str) -> str:
+    """How the teacher of `size` is replicated across the grid's seeds: PER_SEED (the default where the
+    harness trains it; `teacher.seed: per_seed` or left out), ONE_TEACHER (`teacher.seed: <int>`) or
+    CHECKPOINT (a pretrained teacher, `teachers:`)."""
+    if pretrained(config, size) is not None:
+        return CHECKPOINT
+    seed = (config.get("teacher") or {}).get("seed", PER_SEED)
+    return PER_SEED if seed == PER_SEED else ONE_TEACHER
+
+
+def teacher_seed(config: dict, size: str, seed) -> int | None:
+    """The seed of the teacher that student seed `seed` of `size` copies from: the student's own under
+    PER_SEED, `teacher.seed` under ONE_TEACHER, None for a pretrained checkpoint (which has no seed)."""
+    design = teacher_design(config, size)
+    if design == CHECKPOINT:
+        return None
+    return int(seed) if design == PER_SEED else int(config["teacher"]["seed"])
+
+
 def trained_sizes(config: dict) -> list[str]:
     """The sizes of the grid whose teacher the harness trains (the others are loaded)."""
     return [s for s in config["sizes"] if pretrained(config, s) is None]

@@ -5,8 +5,10 @@ the DAG and the list of expected results can never disagree, and each path is sp
 path functions take plain strings, so the rules pass Snakemake wildcards ("{size}") through them.
 
     results/data/<dataset>/                              shards and _info.json (rule shards)
-    results/teacher/<size>/                              the softmax teacher (rule teacher, or
-                                                         teacher_pretrained for config.teachers)
+    results/teacher/<size>/seed<t>/                      a softmax teacher the harness trains, one per
+                                                         student seed by default (rule teacher)
+    results/teacher/<size>/                              a pretrained teacher (rule teacher_pretrained,
+                                                         config.teachers)
     results/distill/<dataset>/<size>/<variant>/<init>/<design>/seed<s>/
                                                          stage 1: the student after distillation (rule distill)
     results/students/<dataset>/<size>/<variant>/<init>/<design>/steps<budget>/seed<s>/
@@ -23,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import NO_DESIGN, REFERENCE_INIT, budgets, designs
+from .config import NO_DESIGN, REFERENCE_INIT, budgets, designs, teacher_seed
 from .registry import SOFTMAX
 
 # The softmax reference runs the teacher's own attention; it is identified by its init (REFERENCE_INIT),
@@ -124,8 +126,26 @@ def shards_dir(dataset: str, results: str | Path = RESULTS) -> str:
     return f"{results}/data/{dataset}"
 
 
-def teacher_dir(size: str, results: str | Path = RESULTS) -> str:
-    return f"{results}/teacher/{size}"
+def teacher_key(size: str, seed=None) -> str:
+    """A teacher's path below its rule's folder (teacher, logs, benchmarks): `<size>/seed<t>` for a
+    teacher the harness trains with seed t, `<size>` for a pretrained one (seed None)."""
+    return str(size) if seed is None else f"{size}/seed{seed}"
+
+
+def teacher_dir(size: str, seed=None, results: str | Path = RESULTS) -> str:
+    return f"{results}/teacher/{teacher_key(size, seed)}"
+
+
+def teacher_of(config: dict, size: str, seed, results: str | Path = RESULTS) -> str:
+    """The folder of the teacher that student seed `seed` of `size` copies from (linvit.config.teacher_seed):
+    its own teacher by default, the one teacher under `teacher.seed: <int>`, or the pretrained one."""
+    return teacher_dir(size, teacher_seed(config, size, seed), results)
+
+
+def teacher_keys(config: dict) -> list[str]:
+    """Every teacher the grid uses, as teacher_key: one per size and teacher seed, in seed order."""
+    return list(dict.fromkeys(teacher_key(size, teacher_seed(config, size, seed))
+                              for size in config["sizes"] for seed in config["seeds"]))
 
 
 def distill_dir(dataset: str, size: str, variant: str, init: str, design: str, seed,

@@ -69,7 +69,9 @@ def _pretrain(config: dict, size: str, entry: dict, work: Path, target: Path) ->
     args = dict(entry.get("model_args", {}))
     trained = _size_with(args)
     folder = work / "teacher" / trained
-    run_teacher(config, trained, config["teacher"].get("seed", 0), shards, folder, runtime=cpu_runtime())
+    # One file, one teacher: the mini paper grid's verdicts are about this checkpoint.
+    seed = config["teacher"].get("seed", 0)
+    run_teacher(config, trained, seed if isinstance(seed, int) else 0, shards, folder, runtime=cpu_runtime())
     model, arch = load_model(folder, what="teacher")
     timm_arch = describe(model, timm_model=entry["model"], model_args=args, source="trained")
     timm_arch["pretrained_cfg"].update(arch["pretrained_cfg"])  # the input it was trained on

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from linvit.config import NO_DESIGN, REFERENCE_INIT, ConfigError, design_names, kd_reference
-from linvit.grid import REFERENCE_VARIANT, Cell, all_cells, benchmark_path, distill_cells, log_path
+from linvit.config import NO_DESIGN, REFERENCE_INIT, ConfigError, design_names, kd_reference, teacher_seed
+from linvit.grid import (REFERENCE_VARIANT, Cell, all_cells, benchmark_path, distill_cells, log_path, teacher_key,
+                         teacher_keys)
 from linvit.groups import GROUPS  # a group a run reports beyond these still gets a column
 from linvit.io import atomic_path
 from linvit.predictions import PREDICTIONS, Predictions, PredictionsError, read_predictions
@@ -179,7 +180,8 @@ def failure(cell: Cell, results: Path, config: dict) -> tuple[str, str]:
     if not cell.is_reference and _kd_reference(config, cell):
         reference = Cell(cell.dataset, cell.size, REFERENCE_VARIANT, REFERENCE_INIT, cell.seed, NO_DESIGN, cell.budget)
         upstream.append(("softmax reference", reference.log_path(results)))
-    upstream.append(("teacher", Path(log_path("teacher", cell.size, results))))
+    upstream.append(("teacher", Path(log_path("teacher", teacher_key(cell.size, teacher_seed(config, cell.size,
+                                                                              cell.seed)), results))))
     for what, path in upstream:
         status, line = _log_line(path)
         if line:
@@ -406,8 +408,8 @@ def benchmark_jobs(config: dict, results: str | Path) -> pd.DataFrame:
     """
     check_config(config)
     results = Path(results)
-    jobs = [("teacher", "", "", "teacher", size, Path(benchmark_path("teacher", size, results)))
-            for size in config["sizes"]]
+    jobs = [("teacher", "", "", "teacher", key, Path(benchmark_path("teacher", key, results)))
+            for key in teacher_keys(config)]
     # One distillation per (target, size, variant, init, design, seed), shared by every budget.
     jobs += [("distill", cell.init, cell.design, "distill", cell.distill_key,
               Path(benchmark_path("distill", cell.distill_key, results))) for cell in distill_cells(config)]

@@ -19,7 +19,7 @@ import pandas as pd
 
 from linvit.config import NO_DESIGN, REFERENCE_INIT, budgets, design_names, design_specs
 from linvit.grid import (REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_path, report_files, shards_dir,
-                         teacher_dir)
+                         teacher_of)
 from linvit.io import read_json, write_text
 from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, benchmark_jobs, collect, rule_costs,
                                      write_csv)
@@ -142,11 +142,17 @@ def scale_markdown(config: dict, runs: pd.DataFrame, results: str | Path) -> str
         params = runs.loc[(runs["size"] == size) & (runs["init"] == REFERENCE_INIT), "params"] \
             if "params" in runs else pd.Series(dtype=float)
         params_text = f"{int(params.dropna().iloc[0]):,} parameters" if params.notna().any() else "parameters n/a"
-        teacher = _read_json(Path(teacher_dir(size, results)) / "metrics.json")
-        acc = teacher.get("test_acc")
+        folders = dict.fromkeys(teacher_of(config, size, seed, results) for seed in config["seeds"])
+        accs = [_read_json(Path(f) / "metrics.json").get("test_acc") for f in folders]
+        accs = [a for a in accs if isinstance(a, (int, float))]
         on = (config.get("teacher") or {}).get("dataset", "its pretraining data")
-        lines.append(f"- Model `{size}` ({params_text}); its softmax teacher reaches "
-                     f"{pct(acc) if isinstance(acc, (int, float)) else 'n/a (no teacher metrics)'} on {on}'s test split.")
+        if len(folders) > 1:
+            reach = (f"its {len(folders)} softmax teachers reach {pct(min(accs))} to {pct(max(accs))}"
+                     f"{'' if len(accs) == len(folders) else f' ({len(folders) - len(accs)} without metrics)'}"
+                     if accs else f"its {len(folders)} softmax teachers: n/a (no teacher metrics)")
+        else:
+            reach = f"its softmax teacher reaches {pct(accs[0]) if accs else 'n/a (no teacher metrics)'}"
+        lines.append(f"- Model `{size}` ({params_text}); {reach} on {on}'s test split.")
     for dataset in config["targets"]:
         info = _read_json(Path(shards_dir(dataset, results)) / "_info.json")
         n_train = ((info.get("splits") or {}).get("train") or {}).get("samples")

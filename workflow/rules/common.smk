@@ -156,7 +156,9 @@ def strategy(init):
 
 # Wildcard patterns of the paths, spelled by linvit.grid.
 SHARDS = grid.shards_dir("{dataset}")
-TEACHER_DIR = grid.teacher_dir("{size}")
+TEACHER_KEY = grid.teacher_key("{size}", "{seed}")  # a trained teacher: one per teacher seed
+TEACHER_DIR = grid.teacher_dir("{size}", "{seed}")
+PRETRAINED_DIR = grid.teacher_dir("{size}")  # a pretrained teacher: one per size
 DISTILL_KEY = grid.distill_key("{dataset}", "{size}", "{variant}", "{init}", "{design}", "{seed}")
 DISTILL = grid.distill_dir("{dataset}", "{size}", "{variant}", "{init}", "{design}", "{seed}")
 RUN_KEY = grid.run_key("{dataset}", "{size}", "{variant}", "{init}", "{seed}", "{design}", "{budget}")
@@ -168,8 +170,9 @@ REFERENCE = grid.run_dir(*_REF)
 
 @planned
 def teacher_model(wc):
-    """What a job reads of the teacher: its architecture (model.json) and weights."""
-    folder = grid.teacher_dir(wc.size)
+    """What a job reads of the teacher it copies from (grid.teacher_of: its seed's own by default, the one
+    teacher under `teacher.seed: <int>`, or the pretrained one): its architecture and weights."""
+    folder = grid.teacher_of(config, wc.size, wc.seed)
     return {"teacher_json": f"{folder}/model.json", "teacher_weights": f"{folder}/model.safetensors"}
 
 
@@ -234,7 +237,7 @@ def report_inputs(wc):
                    str(cell.benchmark_path("students")), str(cell.benchmark_path("evaluate"))]
         if cell.distills:
             inputs.append(grid.benchmark_path("distill", cell.distill_key))
-    inputs += [grid.benchmark_path("teacher", size) for size in config["sizes"]]
+    inputs += [grid.benchmark_path("teacher", key) for key in grid.teacher_keys(config)]
     if WITH_BENCHMARK:
         inputs.append(grid.operator_benchmark_path())
     return sorted(set(inputs))

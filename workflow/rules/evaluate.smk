@@ -16,7 +16,7 @@ rule evaluate:
     params:
         cfg=planned(lambda wc: job_config("evaluation", "runtime", *input_keys(wc.dataset))),
         run=in_folder("run_metrics"),  # from the input (Snakemake's lint: a param that spells an input's path)
-        teacher=TEACHER_DIR,  # a wildcard string: Snakemake formats it without calling a function per job
+        teacher=in_folder("teacher_json"),  # the teacher this seed copies from (grid.teacher_of)
     log:
         grid.log_path("evaluate", RUN_KEY),
     benchmark:

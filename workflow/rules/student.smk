@@ -15,7 +15,7 @@ rule distill:
                                           "evaluation", "runtime", *input_keys(wc.dataset))),
         # Strings with wildcards, not functions: Snakemake formats them without inspecting a
         # callable per job (planning time grows with the number of callables per job).
-        teacher=TEACHER_DIR,
+        teacher=in_folder("teacher_json"),  # the teacher this seed copies from (grid.teacher_of)
         out=DISTILL,
         launch=launcher,
         threads=rank_threads,
@@ -49,7 +49,7 @@ rule reference:
         cfg=planned(lambda wc: job_config("student", "runtime", *input_keys(wc.dataset))),
         variant=grid.REFERENCE_VARIANT,
         init=grid.REFERENCE_INIT,
-        teacher=TEACHER_DIR,
+        teacher=in_folder("teacher_json"),  # the teacher this seed copies from (grid.teacher_of)
         out=REFERENCE,
         launch=launcher,
         threads=rank_threads,
@@ -77,7 +77,7 @@ rule student:
     params:
         cfg=planned(lambda wc: job_config("student", f"init_strategies.{wc.init}", "runtime",
                                           *input_keys(wc.dataset))),
-        teacher=TEACHER_DIR,
+        teacher=in_folder("teacher_json"),  # the teacher this seed copies from (grid.teacher_of)
         distilled=distilled_option,
         out=RUN,
         launch=launcher,

@@ -1,5 +1,6 @@
-# The softmax teacher every student starts from: trained here on config.teacher.dataset (rule
-# teacher, the sizes of linvit.sizes), or loaded from timm's hub, its cache or a file (rule
+# The softmax teachers the students start from: trained here on config.teacher.dataset (rule
+# teacher, the sizes of linvit.sizes; one per student seed by default, or the one `teacher.seed`
+# names: linvit.config.teacher_design), or loaded from timm's hub, its cache or a file (rule
 # teacher_pretrained, the names under config.teachers).
 rule teacher:
     input:
@@ -10,21 +11,20 @@ rule teacher:
         size=_alternatives(TRAINED_SIZES),
     params:
         cfg=job_config("teacher", "runtime", *input_keys(TEACHER.get("dataset", ""))),
-        seed=TEACHER.get("seed", 0),
         out=TEACHER_DIR,
         launch=launcher,
         threads=rank_threads,
     log:
-        grid.log_path("teacher", "{size}"),
+        grid.log_path("teacher", TEACHER_KEY),
     benchmark:
-        grid.benchmark_path("teacher", "{size}")
+        grid.benchmark_path("teacher", TEACHER_KEY)
     threads: res("teacher", "threads", 2)
     resources:
         mem_mb=res("teacher", "mem_mb", 4000),
         runtime=res("teacher", "runtime", 60),
         gpu=res("teacher", "gpu", 0),
     shell:
-        "{params.launch} linvit teacher --config-json {params.cfg:q} --size {wildcards.size} --seed {params.seed}"
+        "{params.launch} linvit teacher --config-json {params.cfg:q} --size {wildcards.size} --seed {wildcards.seed}"
         " --shards {input.shards:q} --out {params.out:q} --threads {params.threads} > {log:q} 2>&1"
 
 
@@ -33,12 +33,12 @@ rule teacher_pretrained:
     input:
         unpack(teacher_file),
     output:
-        **files(TEACHER_DIR, grid.PRETRAINED_FILES),
+        **files(PRETRAINED_DIR, grid.PRETRAINED_FILES),
     wildcard_constraints:
         size=_alternatives(LOADED_SIZES),
     params:
         cfg=planned(lambda wc: job_config(f"teachers.{wc.size}")),
-        out=TEACHER_DIR,
+        out=PRETRAINED_DIR,
     log:
         grid.log_path("teacher", "{size}"),
     benchmark:

@@ -31,7 +31,6 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/teacher.smk"
 include: "workflow/rules/student.smk"
-include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/report.smk"
 
 

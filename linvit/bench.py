@@ -15,6 +15,10 @@ keeping the others'. Progress goes to stderr.
            interpreter+imports, setup, training, evaluations and exit (LINVIT_STAMPS, see
            linvit.cli.stamp); against a baseline checkout run the same way when given, else
            against the 28.9 s recorded before issue 10. Target: half or less.
+- grid:    a finished grid's fixed cost: the sum of its jobs' wall times (Snakemake's benchmark files)
+           over the sum of their training and distillation loops' times (each run's own train_time_s),
+           per rule and in all. What lies between is start-up, imports, loads, the first and final
+           evaluations and the writes. Target <= 1.2 (issue 42). Reads --results; trains nothing.
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "workflow" / "config" / "default.yaml"
 COLUMNS = ["benchmark", "metric", "value", "unit", "target", "meets", "machine"]
-BENCHMARKS = ("train", "loader", "plan", "jobcost")
+BENCHMARKS = ("train", "loader", "plan", "jobcost", "grid")
+ALL = ("train", "loader", "plan", "jobcost")  # `all`: the ones that make their own data (grid reads a finished run)
 RECORDED_JOB_S = 28.9  # a 1-step student's total before issue 10 (README: Harness benchmarks)
-TRAIN_RATIO, LOADER_RATIO, PLAN_S, JOB_FRACTION = 0.95, 5.0, 15.0, 0.5
+TRAIN_RATIO, LOADER_RATIO, PLAN_S, JOB_FRACTION, GRID_RATIO = 0.95, 5.0, 15.0, 0.5, 1.2
 
 
 def say(text: str) -> None:
@@ -353,9 +358,45 @@ def bench_jobcost(config: dict, shards: Path, *, baseline: str | Path | None = N
     return rows
 
 
+def _loop_seconds(stage: str, key: str, results: Path) -> float:
+    """A job's training (or distillation) loop time, from its run's metrics.json (train_time_s)."""
+    folder = {"teacher": "teacher", "distill": "distill", "students": "students"}[stage]
+    path = results / folder / key / "metrics.json"
+    try:
+        return float(json.loads(path.read_text())["train_time_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return math.nan
+
+
+def bench_grid(config: dict, results: str | Path = "results") -> list[dict]:
+    """The grid's jobs' wall times over their loops' times, per rule and in all (finished jobs only:
+    a job with both a benchmark file and a metrics.json)."""
+    from .report.aggregate import benchmark_jobs
+
+    results = Path(results)
+    jobs = benchmark_jobs(config, results)
+    jobs["loop_s"] = [_loop_seconds(j.stage, j.key, results) for j in jobs.itertuples()]
+    done = jobs.dropna(subset=["wall_s", "loop_s"])
+    if done.empty:
+        raise ValueError(f"--results {results}: no finished job of this grid (benchmark files under "
+                         f"{results}/benchmarks and metrics.json beside them); run the grid first")
+    rows = []
+    for rule, part in done.groupby("rule", sort=False):
+        rows += [row("grid", f"{rule}_jobs", float(len(part)), "jobs"),
+                 row("grid", f"{rule}_wall_s", float(part["wall_s"].sum()), "s"),
+                 row("grid", f"{rule}_loop_s", float(part["loop_s"].sum()), "s"),
+                 row("grid", f"{rule}_ratio", float(part["wall_s"].sum() / part["loop_s"].sum()), "x")]
+    ratio = float(done["wall_s"].sum() / done["loop_s"].sum())
+    rows += [row("grid", "jobs", float(len(done)), "jobs", f"of {len(jobs)}"),
+             row("grid", "wall_s", float(done["wall_s"].sum()), "s"),
+             row("grid", "loop_s", float(done["loop_s"].sum()), "s"),
+             row("grid", "wall_over_loops", ratio, "x", f"<= {GRID_RATIO:g}", ratio <= GRID_RATIO)]
+    return rows
+
+
 def run(names: list[str], *, config_path=None, shards=None, out_dir="results/bench", steps: int | None = None,
         repeats: int = 5, images: int = 4096, jobs: int = 2000, baseline=None, job_repeats: int = 1,
-        machine: str | None = None) -> list[dict]:
+        machine: str | None = None, results: str | Path = "results") -> list[dict]:
     """Run the benchmarks `names` in order, print each table, save the rows; returns all rows.
     The settings are checked first: a bad one fails before any benchmark runs or any row is saved."""
     unknown = [n for n in names if n not in BENCHMARKS]
@@ -377,7 +418,7 @@ def run(names: list[str], *, config_path=None, shards=None, out_dir="results/ben
         data = Path(shards).resolve() if shards else None  # absolute: jobcost's jobs run in other folders
         consumption = None
         for name in names:
-            if name != "plan" and data is None:
+            if name not in ("plan", "grid") and data is None:
                 say("writing scikit-learn digits shards to read")
                 data = digits_shards(tmp)
             if name == "train":
@@ -386,6 +427,8 @@ def run(names: list[str], *, config_path=None, shards=None, out_dir="results/ben
                 rows = bench_loader(config, data, images=images, consumption=consumption)
             elif name == "plan":
                 rows = bench_plan(config, jobs=jobs)
+            elif name == "grid":
+                rows = bench_grid(config, results)
             else:  # jobcost (the names were checked above)
                 rows = bench_jobcost(config, data, baseline=baseline, repeats=job_repeats)
             path = save(rows, out_dir, machine)

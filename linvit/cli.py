@@ -209,13 +209,13 @@ def cmd_benchmark(args):
 
 
 def cmd_bench(args):
-    from .bench import BENCHMARKS, run
+    from .bench import ALL, run
 
-    names = list(BENCHMARKS) if args.which == "all" else [args.which]
+    names = list(ALL) if args.which == "all" else [args.which]
     try:
         run(names, config_path=args.config, shards=args.shards, out_dir=args.out_dir, steps=args.steps,
             repeats=args.repeats, images=args.images, jobs=args.jobs, baseline=args.baseline,
-            job_repeats=args.job_repeats)
+            job_repeats=args.job_repeats, results=args.results)
     except RuntimeError as err:  # a subprocess (snakemake, the job) failed: its message, one line
         raise ValueError(str(err)) from None
 
@@ -294,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(fn=cmd_benchmark)
     harness = sub.add_parser("bench", help="the harness's own speed against issue 10's targets "
                                            "(results/bench/<machine>.csv)")
-    harness.add_argument("which", choices=["train", "loader", "plan", "jobcost", "all"])
+    harness.add_argument("which", choices=["train", "loader", "plan", "jobcost", "grid", "all"],
+                         help="all: every benchmark but grid, which reads a finished grid's --results")
     harness.add_argument("--config", default=None, help="the grid whose student settings are timed "
                                                         "(default: workflow/config/default.yaml)")
     harness.add_argument("--shards", default=None, help="a shard folder to read (default: scikit-learn digits, "
@@ -309,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="jobcost: a checkout of another revision to run the same job with, side by side "
                               "(e.g. git worktree add /tmp/old 5dadba5); default: the 28.9 s recorded")
     harness.add_argument("--job-repeats", type=int, default=1, help="jobcost: runs of each job (medians)")
+    harness.add_argument("--results", default="results", help="grid: the results folder of a finished grid")
     harness.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     harness.set_defaults(fn=cmd_bench, config_json=None)
     return parser

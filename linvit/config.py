@@ -75,7 +75,11 @@ def validate_schema(config: dict, schema_path: str | Path = SCHEMA, *, partial: 
     if errors:
         err = errors[0]
         where = ".".join(str(p) for p in err.path) or "(top level)"
-        raise ConfigError(f"config key {where}: {err.message}")
+        # A choice of forms (oneOf) says what it accepts where the schema describes it, not "is not
+        # valid under any of the given schemas".
+        message = (f"{err.instance!r} is not {err.schema['description']}"
+                   if err.validator == "oneOf" and "description" in err.schema else err.message)
+        raise ConfigError(f"config key {where}: {message}")
 
 
 def _known(kind: str, key: str, names, known) -> None:

@@ -78,11 +78,11 @@ class Cell:
                             results))
 
     def log_path(self, results: str | Path = RESULTS, stage: str = "students") -> Path:
-        """Log of this cell's training ('students') or evaluation ('evaluate') job."""
+        """Log of this cell's job (stage 'students': the job trains and evaluates it)."""
         return Path(log_path(stage, self.key, results))
 
     def benchmark_path(self, stage: str = "students", results: str | Path = RESULTS) -> Path:
-        """Benchmark TSV of this cell's training ('students') or evaluation ('evaluate') job."""
+        """Benchmark TSV of this cell's job (stage 'students': the job trains and evaluates it)."""
         return Path(benchmark_path(stage, self.key, results))
 
     @property
@@ -107,8 +107,9 @@ PRETRAINED_FILES = ("metrics.json", "model.json", "model.safetensors", "config.j
 # attention), which stage 2 starts from.
 DISTILL_FILES = MODEL_FILES
 # Files of a stage-2 folder (students and the softmax reference): a trained model's, plus every test
-# image's prediction from the final evaluation (linvit.predictions), which the claims' statistics pair.
-STUDENT_FILES = (*MODEL_FILES, "predictions.npz")
+# image's prediction from the final evaluation (linvit.predictions), which the claims' statistics pair,
+# and the evaluation the same job makes of the trained model (eval.json: fidelity, parameters, throughput).
+STUDENT_FILES = (*MODEL_FILES, "predictions.npz", "eval.json")
 
 
 def run_key(dataset: str, size: str, variant: str, init: str, seed, design, budget) -> str:

@@ -477,8 +477,6 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     if terms:
         objective = Objective(runtime.place(teacher), student, terms,
                               logit_teacher=None if logit_teacher is None else runtime.place(logit_teacher))
-    else:
-        del teacher  # copied from; the student alone goes to the device
     task = ClassifyTask(student, data, spec, runtime, _mixup(config, dataset), objective=objective,
                         task_weight=strategy.get("task_weight", 1.0))
     summary = fit(task, spec, data, out_dir, seed=seed,
@@ -493,33 +491,49 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     if runtime.world.main:  # before metrics.json, which marks the run complete
         write_predictions(out_dir / PREDICTIONS, task.final_predictions["pred"], task.final_predictions["label"],
                           split_digest(data.info))
+        # The evaluation in the job that trained the model: no second process re-importing torch and
+        # reloading the model, the teacher and the test split (a job costs its steps).
+        write_json(out_dir / EVALUATION, _evaluation(config, metrics, student, teacher, data, runtime))
     return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": student.state_dict()},
                    _arch(student, arch, size, variant, data, dataset), runtime)
 
 
 def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path, runtime: Runtime | None = None) -> dict:
-    """Fidelity to the teacher's attention, parameter counts and throughput of a trained run.
-
-    Fidelity is computed in fp32 (the KL of small probabilities); throughput under the runtime's
-    precision on its device, and eval.json records both with the batch size.
-    """
+    """`linvit evaluate`: evaluate a trained run again, by hand (another `evaluation:` setting, another
+    device). The workflow's training jobs write their eval.json themselves (run_student)."""
     runtime = runtime or cpu_runtime()
     run_dir = Path(run_dir)
     remove_stale_temps(Path(out_path).parent, Path(out_path).name)
-    named = ("dataset", "size", "variant", "init", "design", "budget", "seed")
-    metrics = read_json(run_dir / "metrics.json", what="run metrics", keys=named + ("test_acc",))
+    metrics = read_json(run_dir / "metrics.json", what="run metrics", keys=EVAL_NAMED + ("test_acc",))
     model, _ = load_model(run_dir)
     data, teacher, _, _ = _teacher(config, metrics["dataset"], metrics["size"], teacher_dir, shards_dir, runtime)
-    model, teacher = runtime.place(model), runtime.place(teacher)
+    result = _evaluation(config, metrics, model, teacher, data, runtime)
+    write_json(out_path, result)
+    return result
+
+
+EVALUATION = "eval.json"
+EVAL_NAMED = ("dataset", "size", "variant", "init", "design", "budget", "seed")
+
+
+def _evaluation(config: dict, metrics: dict, model, teacher, data: ShardSet, runtime: Runtime) -> dict:
+    """Fidelity to the teacher's attention, parameter counts and throughput of a trained model, with the
+    run's identity and test accuracy from `metrics` (eval.json's record).
+
+    Fidelity is computed in fp32 (the KL of small probabilities); throughput under the runtime's
+    precision on its device, and the record says both with the batch size; eval_time_s is its own cost.
+    """
+    start = time.perf_counter()
+    model, teacher = runtime.place(model).eval(), runtime.place(teacher).eval()
     settings = config.get("evaluation", {})
     x, _ = data.fixed_batch("test", min(settings.get("fidelity_samples", 64), data.num_samples("test")))
     x = runtime.batch(x)[0]
     attention = attention_report(teacher, model, x)
     batch = settings.get("throughput_batch", 64)
-    result = {k: metrics[k] for k in named}
+    result = {k: metrics[k] for k in EVAL_NAMED}
     result.update(test_acc=metrics["test_acc"], **attention,
                   fidelity_samples=len(x), **parameter_counts(model),
                   throughput_img_s=throughput(model, x, batch_size=batch, runtime=runtime),
                   throughput_batch=batch, **runtime.describe(), threads=torch.get_num_threads())
-    write_json(out_path, result)
+    result["eval_time_s"] = round(time.perf_counter() - start, 3)
     return result

@@ -74,7 +74,7 @@ def test_mini_paper_plans_every_rule_of_the_paper_path(inputs):
     counts = job_counts(out.stdout)
     assert counts["teacher_pretrained"] == 1 and "teacher" not in counts
     assert counts["shards"] == 2 and counts["distill"] == 8 and counts["reference"] == 2
-    assert counts["student"] == 32 and counts["evaluate"] == 34
+    assert counts["student"] == 32 and "evaluate" not in counts  # each training job evaluates its model
 
 
 def test_inputs_are_made_once(inputs):

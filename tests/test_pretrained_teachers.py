@@ -81,7 +81,7 @@ def test_file_teachers_run_through_every_rule(ran):
     tmp, cfg, out = ran
     counts = job_counts(out)
     assert counts["teacher_pretrained"] == 2 and "teacher" not in counts
-    assert counts["student"] == len(grid.student_cells(cfg)) and counts["evaluate"] == len(grid.all_cells(cfg))
+    assert counts["student"] == len(grid.student_cells(cfg)) and "evaluate" not in counts
     assert (tmp / "report/README.md").exists()
     for cell in grid.all_cells(cfg):
         ev = json.loads((tmp / cell.run_dir() / "eval.json").read_text())

@@ -9,7 +9,7 @@ import pytest
 from test_report import CONFIG, DESIGN, STEPS, accuracy, write_cell
 
 from linvit.config import NO_DESIGN
-from linvit.grid import Cell, all_cells, benchmark_path, distill_key
+from linvit.grid import Cell, all_cells, benchmark_path, distill_key, teacher_key
 from linvit.report import collect, collect_benchmarks, write_report
 
 CFG = {**CONFIG, "targets": ["dsA"], "variants": ["linA"], "seeds": [0], "inits": ["random", "copy_mlp_distill"]}
@@ -37,29 +37,24 @@ def results(tmp_path):
     root = tmp_path / "results"
     for c in all_cells(CFG):
         write_cell(root, c, accuracy(c))
-    tsv(benchmark_path("teacher", "tiny", root), (100.0, 500.0, 180.0))
+    tsv(benchmark_path("teacher", teacher_key("tiny", 0), root), (100.0, 500.0, 180.0))  # seed 0's own teacher
     tsv(benchmark_path("distill", distill_key("dsA", "tiny", "linA", "copy_mlp_distill", DESIGN, 0), root),
         (20.0, 300.0, 19.0))
     tsv(cell("random").benchmark_path("students", root), (10.0, 200.0, 9.0), (12.0, 220.0, 11.0))  # two repeats
     tsv(cell("copy_mlp_distill").benchmark_path("students", root), (15.0, 250.0, 14.0))
     # The reference's training job left no benchmark (run by hand): its columns are NaN.
-    tsv(cell("random").benchmark_path("evaluate", root), (3.0, 150.0, 2.0))
-    tsv(cell("copy_mlp_distill").benchmark_path("evaluate", root), (4.0, 160.0, 3.0))
-    tsv(cell("reference").benchmark_path("evaluate", root), (5.0, None, 4.0))
     return root
 
 
 def test_runs_get_wall_clock_and_peak_memory_per_job(results):
     runs = collect(CFG, results)[0].set_index("init")
     # Repeats: mean seconds, highest peak memory.
-    assert runs.loc["random", ["train_wall_s", "train_max_rss_mb", "eval_wall_s", "eval_max_rss_mb"]].tolist() == [
-        11.0, 220.0, 3.0, 150.0]
+    assert runs.loc["random", ["train_wall_s", "train_max_rss_mb"]].tolist() == [11.0, 220.0]
     assert runs.loc["copy_mlp_distill", "train_wall_s"] == 15.0
     assert math.isnan(runs.loc["reference", "train_wall_s"]) and math.isnan(runs.loc["reference", "train_max_rss_mb"])
-    assert runs.loc["reference", "eval_wall_s"] == 5.0 and math.isnan(runs.loc["reference", "eval_max_rss_mb"])
     write_report(CFG, results, results.parent / "report")
     header = (results / "runs.csv").read_text().splitlines()[0].split(",")
-    assert {"train_wall_s", "train_max_rss_mb", "eval_wall_s", "eval_max_rss_mb"} <= set(header)
+    assert {"train_wall_s", "train_max_rss_mb"} <= set(header)
 
 
 def test_cost_per_rule_with_totals(results):
@@ -70,17 +65,17 @@ def test_cost_per_rule_with_totals(results):
     assert costs.loc["student: copy_mlp_distill", "max_rss_mb_peak"] == 250.0
     assert costs.loc["reference", ["jobs", "benchmarked"]].tolist() == [1, 0]
     assert math.isnan(costs.loc["reference", "wall_s_total"])
-    assert costs.loc["evaluate", ["jobs", "benchmarked", "wall_s_total", "max_rss_mb_peak"]].tolist() == [3, 3, 12.0, 160.0]
-    assert costs.loc["total", ["jobs", "benchmarked"]].tolist() == [8, 7]
-    assert costs.loc["total", "wall_s_total"] == pytest.approx(100 + 20 + 11 + 15 + 12)
+    assert "evaluate" not in costs.index  # the training jobs evaluate their models
+    assert costs.loc["total", ["jobs", "benchmarked"]].tolist() == [5, 4]
+    assert costs.loc["total", "wall_s_total"] == pytest.approx(100 + 20 + 11 + 15)
     assert costs.loc["total", "max_rss_mb_peak"] == 500.0
-    assert costs.loc["total", "cpu_time_s_total"] == pytest.approx(180 + 19 + 10 + 14 + 2 + 3 + 4)
+    assert costs.loc["total", "cpu_time_s_total"] == pytest.approx(180 + 19 + 10 + 14)
     write_report(CFG, results, results.parent / "report")
     readme = (results.parent / "report" / "README.md").read_text()
     cost = readme.split("## Cost")[1].split("\n## ")[0]
     assert "| teacher " in cost and "| student: copy_mlp_distill " in cost and "| total " in cost
     assert f"| distill: copy_mlp_distill/{DESIGN} " in cost
-    assert "| 1 of 1 " in cost and "| 0 of 1 " in cost and "| 158.0 " in cost
+    assert "| 1 of 1 " in cost and "| 0 of 1 " in cost and "| 146.0 " in cost
     assert "CPU time is what Snakemake's sampler saw" in cost and "a lower bound" in cost
 
 
@@ -88,7 +83,7 @@ def test_no_benchmarks_give_nan_columns_and_no_error(tmp_path):
     for c in all_cells(CFG):
         write_cell(tmp_path, c, accuracy(c))
     runs, _ = collect(CFG, tmp_path)
-    assert runs[["train_wall_s", "train_max_rss_mb", "eval_wall_s", "eval_max_rss_mb"]].isna().all().all()
+    assert runs[["train_wall_s", "train_max_rss_mb"]].isna().all().all()
     assert (runs["status"] == "ok").all()
     write_report(CFG, tmp_path, tmp_path / "report")
     assert "No benchmark files" in (tmp_path / "report" / "README.md").read_text()

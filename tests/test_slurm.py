@@ -66,7 +66,6 @@ def test_dry_run_shows_each_rules_sbatch_resources(tmp_path):
     # default.yaml's resources (micro, first attempt); the teacher also gets its 2 threads.
     assert resources["teacher"]["mem_mb"] == "3000" and resources["teacher"]["runtime"] == "30"
     assert resources["student"]["mem_mb"] == "2000" and resources["student"]["gpu"] == "0"
-    assert resources["evaluate"]["runtime"] == "10"
     assert re.search(r"rule teacher:(?:\n    .*)*\n    threads: 2", out)
     assert "slurm_account" not in out  # `none`: no -A
     assert not (tmp_path / "results").exists()
@@ -225,7 +224,7 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 @pytest.mark.slurm
 def test_smoke_grid_runs_through_sbatch(slurm_cluster, tmp_path):
     """The smoke grid's settings on one target and three inits (every non-local rule: teacher, distill,
-    reference, student, evaluate; 10 Slurm jobs, about a minute) with `snakemake --profile slurm`."""
+    reference, student, each training job evaluating its model; 5 Slurm jobs, about a minute) with `snakemake --profile slurm`."""
     config = dict(SMOKE, targets=["synthetic"], inits=["random", "copy_all", "copy_mlp_distill"])
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
     os.symlink(REPO / "slurm", tmp_path / "slurm")  # the repository's link, as at the project root

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from linvit import grid
+from linvit.bench import bench_grid
 from linvit.config import kd_reference
 from linvit.attention import available_variants
 
@@ -39,8 +40,8 @@ def expected_jobs(config: dict) -> dict[str, int]:
     distilling = {c.distill_key for c in students if c.distills}
     assert len(distilling) == len(grid.distill_cells(config))
     return {"shards": len(set(config["targets"]) | {config["teacher"]["dataset"]}),
-            "teacher": len(config["sizes"]), "distill": len(distilling), "reference": len(references),
-            "student": len(students), "evaluate": len(students) + len(references), "report": 1, "all": 1}
+            "teacher": len(grid.teacher_keys(config)), "distill": len(distilling), "reference": len(references),
+            "student": len(students), "report": 1, "all": 1}
 
 
 def planned_products(output: str) -> set[str]:
@@ -79,12 +80,27 @@ def test_dry_run_plans_one_student_job_per_cell(tmp_path):
     counts = job_counts(out.stdout)
     # 1 target x 1 size x (elu's 7 inits + the softmax control's 4, control_inits) x 1 budget x 5 seeds
     assert counts["student"] == 55
-    assert counts["reference"] == 5 and counts["teacher"] == 1 and counts["shards"] == 2  # target + teacher's
+    # A teacher per seed (teacher.seed: per_seed, the default): the teacher is replicated like a student.
+    assert counts["reference"] == 5 and counts["teacher"] == 5 and counts["shards"] == 2  # target + teacher's
     assert counts["distill"] == 5  # one per seed for elu's distilling strategy (the control runs none)
-    assert counts["evaluate"] == 60 and counts["report"] == 1
+    # Each training job evaluates its own model (eval.json): no separate evaluation jobs.
+    assert "evaluate" not in counts and counts["report"] == 1
     assert {k: v for k, v in counts.items() if k != "total"} == expected_jobs(DEFAULT)
     assert "No validator found" not in out.stdout + out.stderr  # snakemake.utils.validate's draft-07 warning
     assert not (tmp_path / "results").exists()
+
+
+def test_one_teacher_for_every_seed_is_an_explicit_choice(tmp_path):
+    """`teacher.seed: <int>` trains one teacher that every seed copies from (the verdicts are then
+    conditional on it); the default, per_seed, one per seed (test above)."""
+    config = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
+    config["teacher"]["seed"] = 3
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(config))
+    out = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(tmp_path / "one.yaml"))
+    assert job_counts(out.stdout)["teacher"] == 1
+    teachers = {p.split("/")[3] for p in re.findall(r"results/teacher/micro/seed\d+", out.stdout)}
+    assert teachers == {"seed3"}
+    assert "--seed 3" in out.stdout or "seed=3" in out.stdout
 
 
 def test_fresh_clone_plans_the_whole_grid_and_ships_no_rule_output(tmp_path):
@@ -121,10 +137,10 @@ def test_every_file_a_job_reads_is_declared(tmp_path):
     by_rule = {}
     for rule, fields in jobs:
         by_rule.setdefault(rule, []).append(fields)
-    teacher = grid.teacher_dir("micro")
+    teacher = grid.teacher_dir("micro", 0)  # the smoke grid's one seed: its own teacher, seed 0
     for fields in by_rule["teacher"]:
         assert set(fields["output"]) == {f"{teacher}/{f}" for f in grid.MODEL_FILES}
-        assert fields["benchmark"] == [grid.benchmark_path("teacher", "micro")]
+        assert fields["benchmark"] == [grid.benchmark_path("teacher", "micro/seed0")]
     for fields in by_rule["distill"]:
         assert {f"{teacher}/model.json", f"{teacher}/model.safetensors"} <= set(fields["input"])
         assert {p.rsplit("/", 1)[1] for p in fields["output"]} == set(grid.DISTILL_FILES)
@@ -146,10 +162,7 @@ def test_every_file_a_job_reads_is_declared(tmp_path):
             reference = f"{grid.RESULTS}/students/{dataset}/micro/softmax/reference/none/{budget}/seed0/model.safetensors"
             needs = rule == "student" and kd_reference(SMOKE, init, dataset, "micro")
             assert needs == (reference in fields["input"]), fields["output"][0]
-    for fields in by_rule["evaluate"]:
-        run_dir = fields["output"][0].rsplit("/", 1)[0]
-        assert {f"{run_dir}/model.json", f"{run_dir}/model.safetensors", f"{teacher}/model.json"} <= set(fields["input"])
-        assert fields["benchmark"][0].startswith(f"{grid.RESULTS}/benchmarks/evaluate/")
+    assert "evaluate" not in by_rule  # the training job writes eval.json (grid.STUDENT_FILES)
     assert any(kd_reference(SMOKE, i, "synthetic_b", "micro") for i in SMOKE["inits"])
     (report,) = by_rule["report"]
     assert set(report["output"]) == set(grid.report_files(False))
@@ -158,8 +171,7 @@ def test_every_file_a_job_reads_is_declared(tmp_path):
         for f in ("metrics.json", "train.jsonl", "eval.json"):
             assert str(cell.run_dir() / f) in report["input"]
         assert str(cell.benchmark_path("students")) in report["input"]
-        assert str(cell.benchmark_path("evaluate")) in report["input"]
-    assert grid.benchmark_path("teacher", "micro") in report["input"]
+    assert grid.benchmark_path("teacher", "micro/seed0") in report["input"]
     assert grid.operator_benchmark_path() not in report["input"]
     # With the operator benchmark's CSV present, the report reads it and draws its figure.
     bench = tmp_path / grid.operator_benchmark_path()
@@ -225,6 +237,8 @@ def test_planning_the_workflow_imports_neither_torch_nor_timm(tmp_path):
     (lambda c: c.update(seeds=3), "config key seeds: 3 is not of type 'array'"),
     (lambda c: c.update(sizes="micro"), "config key sizes: 'micro' is not of type 'array'"),
     (lambda c: c.update(variants=["softmax", "nope"]), "config key variants: unknown variant 'nope'"),
+    (lambda c: c["teacher"].update(seed="each"), "config key teacher.seed: 'each' is not a seed (an integer from 0) "
+                                                 "or per_seed"),
     (lambda c: c["datasets"]["synthetic"].update(classes=[1, 1]), "config key datasets.synthetic.classes: label 1 is "
                                                                     "listed twice"),
 ])
@@ -302,12 +316,17 @@ def test_smoke_grid_end_to_end(tmp_path):
     written = {p.relative_to(tmp_path).as_posix() for p in (tmp_path / "report").rglob("*") if p.is_file()}
     written |= {f"results/{p.name}" for p in (tmp_path / "results").glob("*.csv")}
     assert written == set(grid.report_files(False))
-    # Every training and evaluation job left its benchmark (the report's cost section reads them).
+    # Every training job left its benchmark (the report's cost section reads them).
     for cell in grid.all_cells(config):
-        for stage in ("students", "evaluate"):
-            assert "s\th:m:s" in cell.benchmark_path(stage, tmp_path / "results").read_text()
-    assert (tmp_path / grid.benchmark_path("teacher", "micro")).exists()
+        assert "s\th:m:s" in cell.benchmark_path("students", tmp_path / "results").read_text()
+    assert (tmp_path / grid.benchmark_path("teacher", "micro/seed0")).exists()
     assert len(list((tmp_path / "results/benchmarks/distill").rglob("*.tsv"))) == len(grid.distill_cells(config))
+    # `linvit bench grid`: the jobs' wall times over their loops' times, from these files, every job counted.
+    ratio = {r["metric"]: r["value"] for r in bench_grid(config, tmp_path / "results")}
+    assert ratio["jobs"] == len(grid.teacher_keys(config)) + len(grid.distill_cells(config)) + len(runs)
+    assert ratio["wall_s"] == pytest.approx(ratio["teacher_wall_s"] + ratio["distill_wall_s"] + ratio["student_wall_s"]
+                                            + ratio["reference_wall_s"])
+    assert 1 < ratio["wall_over_loops"] == pytest.approx(ratio["wall_s"] / ratio["loop_s"])
     # A second run has nothing to do.
     again = snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
     assert "Nothing to be done" in again.stdout + again.stderr

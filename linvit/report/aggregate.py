@@ -39,7 +39,7 @@ from linvit.predictions import PREDICTIONS, Predictions, PredictionsError, read_
 ID_COLUMNS = ["dataset", "size", "variant", "init", "design", "budget", "seed"]
 STATUSES = ("ok", "diverged", "invalid", "missing")
 FIDELITY_METRICS = ("kl", "js", "corr")  # per-block columns fidelity_<metric>_l<block> (eval.json lists)
-BENCHMARK_COLUMNS = ["train_wall_s", "train_max_rss_mb", "eval_wall_s", "eval_max_rss_mb"]
+BENCHMARK_COLUMNS = ["train_wall_s", "train_max_rss_mb"]  # the cell's job: training and evaluation
 RUN_COLUMNS = ID_COLUMNS + [
     "status", "reason", "test_acc", "test_samples", "steps", "train_time_s", "images_seen",
     "distill_steps", "distill_time_s", "distill_loss", "distill_final_loss", "total_time_s", "train_losses",
@@ -51,7 +51,7 @@ CURVE_COLUMNS = ID_COLUMNS + ["step", "epoch", "test_acc", "elapsed_s"]
 CONFIG_KEYS = ("targets", "sizes", "variants", "inits", "seeds", "init_strategies")
 # Per-rule rows of the cost table, in this order (distillations get one row per init strategy and
 # design, students one per init strategy).
-COST_RULES = ("teacher", "distill", "student", "reference", "evaluate")
+COST_RULES = ("teacher", "distill", "student", "reference")
 
 
 class ResultsError(ValueError):
@@ -67,10 +67,9 @@ def collect(config: dict, results: str | Path) -> tuple[pd.DataFrame, pd.DataFra
     rows, curve_rows = [], []
     for cell in all_cells(config):
         row, curves = _run_row(cell, results, config)
-        for stage, prefix in (("students", "train"), ("evaluate", "eval")):
-            job = timing.get((stage, cell.key))
-            row[f"{prefix}_wall_s"] = job.wall_s if job else math.nan
-            row[f"{prefix}_max_rss_mb"] = job.max_rss_mb if job else math.nan
+        job = timing.get(("students", cell.key))
+        row["train_wall_s"] = job.wall_s if job else math.nan
+        row["train_max_rss_mb"] = job.max_rss_mb if job else math.nan
         rows.append(row)
         curve_rows.extend(curves)
     return _runs_frame(rows), pd.DataFrame(curve_rows, columns=CURVE_COLUMNS)
@@ -128,7 +127,7 @@ def _run_row(cell: Cell, results: Path, config: dict) -> tuple[dict, list[dict]]
         status, reason = failure(cell, results, config)
         row.update(status=status, reason=reason)
     elif evaluation is None:
-        _, line = _log_line(cell.log_path(results, "evaluate"))
+        _, line = _log_line(cell.log_path(results))
         row.update(status="missing", reason=f"not evaluated (no {eval_path})" + (f": {line}" if line else ""))
     elif curves_problem:
         row.update(status="invalid", reason=curves_problem)
@@ -416,7 +415,6 @@ def benchmark_jobs(config: dict, results: str | Path) -> pd.DataFrame:
     cells = all_cells(config)
     jobs += [(cell.rule, "" if cell.is_reference else cell.init, "" if cell.is_reference else cell.design,
               "students", cell.key, cell.benchmark_path("students", results)) for cell in cells]
-    jobs += [("evaluate", "", "", "evaluate", cell.key, cell.benchmark_path("evaluate", results)) for cell in cells]
     rows = [{"rule": rule, "init": init, "design": design, "stage": stage, "key": key, "path": str(path),
              **read_benchmark(path)} for rule, init, design, stage, key, path in jobs]
     return pd.DataFrame(rows, columns=["rule", "init", "design", "stage", "key", "path", "wall_s", "max_rss_mb",

@@ -453,7 +453,7 @@ def _rule_cost_section(jobs: pd.DataFrame, config: dict) -> str:
             "job. Totals add job times, so they exceed the elapsed time when jobs ran in parallel. CPU time is "
             "what Snakemake's sampler saw (every 0.5 s for a job's first 15 s, then every 30 s): a lower bound, "
             "missing what a job used after its last sample. Per run, "
-            "runs.csv has train_wall_s, train_max_rss_mb, eval_wall_s and eval_max_rss_mb.\n\n"
+            "runs.csv has train_wall_s and train_max_rss_mb (the job that trained and evaluated the run).\n\n"
             + _markdown(table) + notes)
 
 

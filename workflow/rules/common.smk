@@ -234,7 +234,7 @@ def report_inputs(wc):
     for cell in CELLS:
         run = cell.run_dir()
         inputs += [f"{run}/metrics.json", f"{run}/train.jsonl", f"{run}/eval.json",
-                   str(cell.benchmark_path("students")), str(cell.benchmark_path("evaluate"))]
+                   str(cell.benchmark_path("students"))]
         if cell.distills:
             inputs.append(grid.benchmark_path("distill", cell.distill_key))
     inputs += [grid.benchmark_path("teacher", key) for key in grid.teacher_keys(config)]

@@ -1,6 +1,8 @@
 # Distillation (stage 1: one per dataset x size x variant x init x design x seed, shared by every
 # budget), the softmax reference, and the students (stage 2, one per budget): linear ones, and softmax
-# ones when `variants` lists softmax (the control). Each writes a
+# ones when `variants` lists softmax (the control). A stage-2 job also evaluates the model it trained
+# (eval.json: attention fidelity, parameters, throughput; `linvit evaluate` does it again by hand),
+# so no second process reloads torch, the model, the teacher and the test split. Each writes a
 # folder: its declared outputs are the files of grid.DISTILL_FILES / grid.STUDENT_FILES (the
 # checkpoint/ it resumes from is internal).
 rule distill:
@@ -46,7 +48,7 @@ rule reference:
     output:
         **files(REFERENCE, grid.STUDENT_FILES),
     params:
-        cfg=planned(lambda wc: job_config("student", "runtime", *input_keys(wc.dataset))),
+        cfg=planned(lambda wc: job_config("student", "evaluation", "runtime", *input_keys(wc.dataset))),
         variant=grid.REFERENCE_VARIANT,
         init=grid.REFERENCE_INIT,
         teacher=in_folder("teacher_json"),  # the teacher this seed copies from (grid.teacher_of)
@@ -75,7 +77,7 @@ rule student:
     output:
         **files(RUN, grid.STUDENT_FILES),
     params:
-        cfg=planned(lambda wc: job_config("student", f"init_strategies.{wc.init}", "runtime",
+        cfg=planned(lambda wc: job_config("student", f"init_strategies.{wc.init}", "evaluation", "runtime",
                                           *input_keys(wc.dataset))),
         teacher=in_folder("teacher_json"),  # the teacher this seed copies from (grid.teacher_of)
         distilled=distilled_option,

@@ -34,11 +34,11 @@ include: "workflow/rules/student.smk"
 include: "workflow/rules/report.smk"
 
 
-# Cheap jobs that run where Snakemake runs, never on a cluster: the aggregation, and the shards
-# (seconds of work, reading datasets that may exist only on this machine: Debian's package, a cache).
+# Cheap jobs that run where Snakemake runs, never on a cluster: the aggregation. The shards are a
+# cluster job under the Slurm profile (converting ImageNet on a login node is what administrators
+# kill; resources.shards sizes it), and run here otherwise like every job.
 localrules:
     all,
-    shards,
     report,
     report_from_results,
 

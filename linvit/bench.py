@@ -15,6 +15,10 @@ keeping the others'. Progress goes to stderr.
            interpreter+imports, setup, training, evaluations and exit (LINVIT_STAMPS, see
            linvit.cli.stamp); against a baseline checkout run the same way when given, else
            against the 28.9 s recorded before issue 10. Target: half or less.
+- shards:  images/s of the shard writer (every image fully decoded once, its bytes kept) on a JPEG
+           ImageFolder at 224 px (Fashion-MNIST, or scikit-learn digits, upscaled to RGB), with 1
+           worker and with every core; per core, and the hours ImageNet-1k's 1,331,167 images would
+           take on 8 and 32 cores at that rate (docs/paper_scale.md).
 - grid:    a finished grid's fixed cost: the sum of its jobs' wall times (Snakemake's benchmark files)
            over the sum of their training and distillation loops' times (each run's own train_time_s),
            per rule and in all. What lies between is start-up, imports, loads, the first and final
@@ -39,8 +43,8 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "workflow" / "config" / "default.yaml"
 COLUMNS = ["benchmark", "metric", "value", "unit", "target", "meets", "machine"]
-BENCHMARKS = ("train", "loader", "plan", "jobcost", "grid")
-ALL = ("train", "loader", "plan", "jobcost")  # `all`: the ones that make their own data (grid reads a finished run)
+BENCHMARKS = ("train", "loader", "plan", "jobcost", "shards", "grid")
+ALL = ("train", "loader", "plan", "jobcost", "shards")  # `all`: the ones that make their own data (grid reads a finished run)
 RECORDED_JOB_S = 28.9  # a 1-step student's total before issue 10 (README: Harness benchmarks)
 TRAIN_RATIO, LOADER_RATIO, PLAN_S, JOB_FRACTION, GRID_RATIO = 0.95, 5.0, 15.0, 0.5, 1.2
 
@@ -358,6 +362,43 @@ def bench_jobcost(config: dict, shards: Path, *, baseline: str | Path | None = N
     return rows
 
 
+IMAGENET_1K = 1_281_167 + 50_000  # train + validation images
+
+
+def bench_shards(*, per_class: int = 100, size: int = 224) -> list[dict]:
+    """The shard writer on a JPEG ImageFolder at `size` px (10 classes x `per_class` train images plus a
+    fifth as many test): one worker, then every core (os.cpu_count())."""
+    from .data.images import make_imagefolder
+    from .data.shards import write_shards
+    from .data.sources import DataError
+
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="linvit-bench-shards-") as tmp:
+        tmp = Path(tmp)
+        folder = None
+        for source in ({"source": "fashion_mnist"}, {"source": "digits"}):
+            try:
+                folder = make_imagefolder(source, tmp / "jpeg", size=size, per_class_train=per_class,
+                                          per_class_test=max(1, per_class // 5))
+                break
+            except DataError as err:  # no Fashion-MNIST here: digits ships with scikit-learn
+                say(f"shards: {source['source']} unavailable ({err}); trying the next source")
+        images = sum(1 for _ in folder.rglob("*.jpg"))
+        rows, rates = [], {}
+        for workers in dict.fromkeys((1, cores)):
+            say(f"shards: {images} JPEGs at {size} px with {workers} worker(s)")
+            start = time.perf_counter()
+            write_shards("jpeg", {"source": "imagefolder", "path": str(folder)}, tmp / f"shards{workers}",
+                         samples_per_shard=max(1, images // (4 * workers)), workers=workers)
+            rates[workers] = images / (time.perf_counter() - start)
+            rows.append(row("shards", f"images_per_s_{workers}_workers", rates[workers], "images/s"))
+    per_core = rates[cores] / cores
+    rows.append(row("shards", "images_per_s_per_core", per_core, "images/s"))
+    for n in (8, 32):
+        rows.append(row("shards", f"imagenet_1k_hours_{n}_cores", IMAGENET_1K / (per_core * n) / 3600, "h"))
+    return rows
+
+
 def _loop_seconds(stage: str, key: str, results: Path) -> float:
     """A job's training (or distillation) loop time, from its run's metrics.json (train_time_s)."""
     folder = {"teacher": "teacher", "distill": "distill", "students": "students"}[stage]
@@ -418,7 +459,7 @@ def run(names: list[str], *, config_path=None, shards=None, out_dir="results/ben
         data = Path(shards).resolve() if shards else None  # absolute: jobcost's jobs run in other folders
         consumption = None
         for name in names:
-            if name not in ("plan", "grid") and data is None:
+            if name not in ("plan", "grid", "shards") and data is None:
                 say("writing scikit-learn digits shards to read")
                 data = digits_shards(tmp)
             if name == "train":
@@ -429,6 +470,8 @@ def run(names: list[str], *, config_path=None, shards=None, out_dir="results/ben
                 rows = bench_plan(config, jobs=jobs)
             elif name == "grid":
                 rows = bench_grid(config, results)
+            elif name == "shards":
+                rows = bench_shards()
             else:  # jobcost (the names were checked above)
                 rows = bench_jobcost(config, data, baseline=baseline, repeats=job_repeats)
             path = save(rows, out_dir, machine)

@@ -120,3 +120,22 @@ def test_train_ratio_is_the_median_pair_so_a_slow_spell_hitting_both_runs_drops_
     assert got["fit_over_bare_lowest"] == pytest.approx(min(pairs))
     assert got["fit_over_bare_highest"] == pytest.approx(max(pairs))
     assert got["steps"] == 1
+
+
+def test_shards_benchmark_writes_a_jpeg_folder_and_estimates_imagenet(monkeypatch):
+    """`linvit bench shards` on a tiny folder: a rate per worker count, per core, and ImageNet-1k's hours
+    at that rate (the estimate docs/paper_scale.md quotes)."""
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    got = {r["metric"]: r["value"] for r in bench.bench_shards(per_class=5, size=32)}
+    assert got["images_per_s_1_workers"] > 0 and got["images_per_s_2_workers"] > 0
+    assert got["images_per_s_per_core"] == pytest.approx(got["images_per_s_2_workers"] / 2)
+    for n in (8, 32):
+        hours = bench.IMAGENET_1K / (got["images_per_s_per_core"] * n) / 3600
+        assert got[f"imagenet_1k_hours_{n}_cores"] == pytest.approx(hours)
+
+
+def test_grid_ratio_needs_a_finished_grid(tmp_path):
+    """`linvit bench grid` reads a finished grid (tests/test_workflow.py checks it on the smoke grid's
+    run); with nothing there it says what to do, in one line naming the folder."""
+    with pytest.raises(ValueError, match=f"--results {tmp_path}: no finished job of this grid.*run the grid first"):
+        bench.run(["grid"], results=tmp_path, out_dir=tmp_path)

@@ -30,9 +30,13 @@ SNAKEFILE = str(REPO / "Snakefile")
 SMOKE = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 COMMANDS = ["slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "munged"]
-LOCAL_RULES = {"all", "shards", "report", "report_from_results"}
+LOCAL_RULES = {"all", "report", "report_from_results"}
 NO_ACCOUNTING = {"LINVIT_SLURM_ACCOUNT": "none", "LINVIT_SLURM_PARTITION": "default"}
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
+# The node's GPUs: a count-only `gpu` GRES (no device files), so a job's GPU request is granted and
+# shows in its allocation on a machine without a GPU. slurmd reads gres.conf beside slurm.conf.
+GRES_CONF = SYSTEM_CONF.with_name("gres.conf")
+GPUS = 2
 
 
 def profile_env(**values):
@@ -183,17 +187,21 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 MinJobAge=86400
 ReturnToService=2
-NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={max(1024, mem - 512)} State=UNKNOWN
+GresTypes=gpu
+NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={max(1024, mem - 512)} Gres=gpu:{GPUS} State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """
-    backup = tmp / "slurm.conf.orig"
-    had_conf = SYSTEM_CONF.exists()
+    backup, gres_backup = tmp / "slurm.conf.orig", tmp / "gres.conf.orig"
+    had_conf, had_gres = SYSTEM_CONF.exists(), GRES_CONF.exists()
     if had_conf:
         shutil.copy2(SYSTEM_CONF, backup)
+    if had_gres:
+        shutil.copy2(GRES_CONF, gres_backup)
     SYSTEM_CONF.parent.mkdir(parents=True, exist_ok=True)
     pidfiles = [tmp / "slurmd.pid", tmp / "slurmctld.pid", munge_dir / "munged.pid"]
     try:
         SYSTEM_CONF.write_text(conf)
+        GRES_CONF.write_text(f"NodeName={host} Name=gpu Count={GPUS}\n")
         for d in ("state", "spool"):
             (tmp / d).mkdir()
         subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", f"--socket={munge_dir}/munge.socket",
@@ -218,20 +226,28 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
             shutil.copy2(backup, SYSTEM_CONF)
         else:
             SYSTEM_CONF.unlink(missing_ok=True)
+        if had_gres:
+            shutil.copy2(gres_backup, GRES_CONF)
+        else:
+            GRES_CONF.unlink(missing_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.mark.slurm
 def test_smoke_grid_runs_through_sbatch(slurm_cluster, tmp_path):
-    """The smoke grid's settings on one target and three inits (every non-local rule: teacher, distill,
-    reference, student, each training job evaluating its model; 5 Slurm jobs, about a minute) with `snakemake --profile slurm`."""
+    """The smoke grid's settings on one target and three inits (every non-local rule: shards, teacher,
+    distill, reference, student, each training job evaluating its model) with `snakemake --profile slurm`.
+    The students ask for a GPU (`--set-resources student:gpu=1`, as paper.yaml's do): the plugin submits
+    `--gpus=1`, the cluster's count-only `gpu` GRES grants it and `scontrol show job` shows it in the
+    job's allocation; the jobs that do not ask get none. (No device: the job still trains on the CPU.)"""
     config = dict(SMOKE, targets=["synthetic"], inits=["random", "copy_all", "copy_mlp_distill"])
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
     os.symlink(REPO / "slurm", tmp_path / "slurm")  # the repository's link, as at the project root
     env = profile_env(**NO_ACCOUNTING)
     started = time.monotonic()
     proc = subprocess.run(["snakemake", "--profile", "slurm", "-s", SNAKEFILE, "--configfile", "grid.yaml",
-                           "--slurm-init-seconds-before-status-checks", "2", "--retries", "0"],
+                           "--slurm-init-seconds-before-status-checks", "2", "--retries", "0",
+                           "--set-resources", "student:gpu=1"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
     out = proc.stdout + proc.stderr
     logs = sorted((tmp_path / "results/logs").rglob("*.log")) if (tmp_path / "results/logs").exists() else []
@@ -243,12 +259,14 @@ def test_smoke_grid_runs_through_sbatch(slurm_cluster, tmp_path):
     for _, rule in submitted:
         by_rule[rule] = by_rule.get(rule, 0) + 1
     assert by_rule == expected, out[-3000:]
-    assert {r for r, n in job_counts(out).items()} - {"total"} == set(expected) | {"shards", "report", "all"}
+    assert {r for r, n in job_counts(out).items()} - {"total"} == set(expected) | {"report", "all"}
     for jobid, rule in submitted:
         show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True).stdout
         assert "JobState=COMPLETED" in show, show
         assert f"Comment=rule_{rule}" in show, show
-    assert not (set(r for _, r in submitted) & LOCAL_RULES)  # shards and report ran here
+        granted = re.search(r"AllocTRES=\S*gres/gpu=(\d+)", show)
+        assert (int(granted.group(1)) if granted else 0) == (1 if rule == "student" else 0), show
+    assert not (set(r for _, r in submitted) & LOCAL_RULES)  # the report ran here; the shards were a Slurm job
     readme = (tmp_path / "report/README.md").read_text()
     assert "C1" in readme and "C3" in readme
 

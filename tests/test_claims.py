@@ -214,3 +214,53 @@ def test_c4_fails_a_cell_only_when_the_failure_survives_holm():
                     claim("C3", [(HOLDS, 0.9), (HOLDS, 0.8)])]
         c4 = _c4(verdicts, config, Settings())
         assert [c.outcome for c in c4.cells] == [HOLDS, expected]
+
+
+def _judged(monkeypatch, outcomes: dict, order: list[str]):
+    """claims._judge on a claim whose deciding tests (in `order`) come out as `outcomes` (name -> (outcome,
+    p_fails)): the cell's combined verdict and its Bonferroni p-value."""
+    from types import SimpleNamespace
+
+    from linvit.report import claims as claims_module
+    from linvit.report.claims import Claim, TestOutcome, _judge
+    from linvit.report.stats import Settings
+
+    tests = {t.statistic.name: t for c in CLAIMS for t in c.tests}
+    monkeypatch.setattr(claims_module, "_run_test", lambda test, cell, thresholds, settings: TestOutcome(
+        test.statistic.name, outcomes[test.statistic.name][0], p_fails=outcomes[test.statistic.name][1]))
+    claim = Claim("C1", "", tuple(tests[name] for name in order))
+    cell = SimpleNamespace(dataset="dsA", size="tiny", variant="linA", budget=100)
+    return _judge(claim, cell, Thresholds(), Settings())
+
+
+@pytest.mark.parametrize("order", [["attn_alone", "attn_on_top"], ["attn_on_top", "attn_alone"]])
+def test_a_cells_p_value_does_not_depend_on_the_order_of_its_tests(monkeypatch, order):
+    # A share whose denominator is not established has no p-value (NaN); the other test fails clearly.
+    # The claim fails (0.001 <= 0.025 / 2) whatever the order, and its p-value is 2 x 0.001 in both.
+    cell = _judged(monkeypatch, {"attn_alone": (INCONCLUSIVE, math.nan), "attn_on_top": (FAILS, 0.001)}, order)
+    assert cell.outcome == FAILS and cell.p_fails == pytest.approx(0.002)
+
+
+def test_a_cells_p_value_takes_nothing_from_tests_with_too_few_seeds(monkeypatch):
+    order = ["attn_alone", "attn_on_top"]
+    # attn_alone has two paired seeds (too few: never decides) with a tiny p-value; attn_on_top fails with
+    # enough seeds. The claim fails on attn_on_top's evidence alone: p = 2 x 0.01.
+    cell = _judged(monkeypatch, {"attn_alone": (TOO_FEW, 1e-6), "attn_on_top": (FAILS, 0.01)}, order)
+    assert cell.outcome == FAILS and cell.p_fails == pytest.approx(0.02)
+    # No test with enough seeds and a p-value: no p-value for the cell.
+    cell = _judged(monkeypatch, {"attn_alone": (TOO_FEW, 1e-6), "attn_on_top": (INCONCLUSIVE, math.nan)}, order)
+    assert cell.outcome == TOO_FEW and math.isnan(cell.p_fails)
+
+
+def test_c4_fails_where_a_claim_fails_beside_a_share_without_p_value(monkeypatch):
+    """The defect the order made: C1 fails in the cell on attn_on_top while attn_alone has no p-value;
+    C4 must read the cell as failing, not inconclusive (one cell, so Holm over its 3 claims)."""
+    from linvit.report.claims import ClaimVerdict, _c4
+    from linvit.report.stats import Settings
+
+    c1 = _judged(monkeypatch, {"attn_alone": (INCONCLUSIVE, math.nan), "attn_on_top": (FAILS, 1e-4)},
+                 ["attn_alone", "attn_on_top"])
+    others = [CellVerdict(name, "dsA", "tiny", "linA", 100, HOLDS, p_fails=0.9) for name in ("C2", "C3")]
+    verdicts = [ClaimVerdict(c.claim, "", "", {}, [c]) for c in (c1, *others)]
+    c4 = _c4(verdicts, {**BASE, "variants": ["linA"]}, Settings())
+    assert [c.outcome for c in c4.cells] == [FAILS]

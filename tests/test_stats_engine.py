@@ -189,6 +189,22 @@ def test_combine_needs_every_test_to_hold_and_corrects_failures():
     assert stats.combine([r(INCONCLUSIVE, math.nan), r(HOLDS, 0.9)], s) == INCONCLUSIVE
 
 
+def test_the_claims_p_value_is_combines_reading_in_any_order():
+    def r(outcome, p_fails):
+        return stats.TestResult(outcome, math.nan, p_fails, None, 0.0, "<=", math.nan)
+    s = Settings()
+    cases = [[r(INCONCLUSIVE, math.nan), r(FAILS, 0.001)], [r(TOO_FEW, 1e-6), r(FAILS, 0.01)],
+             [r(TOO_FEW, 1e-6), r(HOLDS, 0.9)], [r(HOLDS, 0.9), r(INCONCLUSIVE, 0.02)], [r(FAILS, 0.012)],
+             [r(INCONCLUSIVE, math.nan), r(INCONCLUSIVE, math.nan)], [r(TOO_FEW, 0.001), r(TOO_FEW, 0.3)]]
+    expected = [0.002, 0.02, 1.0, 0.04, 0.012, math.nan, math.nan]
+    for results, p in zip(cases, expected):
+        for order in (results, results[::-1]):
+            got = stats.combined_p_fails(order)
+            assert got == pytest.approx(p, nan_ok=True), (order, got)
+            # combine fails exactly when the Bonferroni p-value is at alpha or below.
+            assert (stats.combine(order, s) == FAILS) == (got <= s.alpha)
+
+
 def test_holm_steps_down():
     assert stats.holm([0.01, 0.04, 0.03, math.nan], 0.05) == [True, False, False, False]
     assert stats.holm([0.001, 0.02, 0.04], 0.05) == [True, True, True]

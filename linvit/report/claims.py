@@ -186,7 +186,7 @@ class TestOutcome:
 class CellVerdict:
     """One claim in one (dataset, size, variant, budget) cell: the claim's outcome (holds, fails,
     inconclusive, too few seeds, not evaluable), each test's numbers, and `p_fails`, the claim's
-    Bonferroni p-value against it holding (C4 corrects these across cells)."""
+    Bonferroni p-value against it holding (stats.combined_p_fails; C4 corrects these across cells)."""
 
     claim: str
     dataset: str
@@ -318,7 +318,7 @@ def _judge(claim: Claim, cell: _Cell, thresholds: Thresholds, settings: stats.Se
         verdict.why = blocked[0]
         return verdict
     verdict.outcome = stats.combine(deciding, settings)  # reads each test's outcome and p_fails
-    verdict.p_fails = min(1.0, len(deciding) * min((t.p_fails for t in deciding), default=math.nan))
+    verdict.p_fails = stats.combined_p_fails(deciding)  # never from a too-few-seeds test; NaNs skipped
     return verdict
 
 

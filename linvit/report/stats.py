@@ -358,6 +358,15 @@ def combine(results: Sequence, settings: Settings) -> str:
     return TOO_FEW if TOO_FEW in outcomes else INCONCLUSIVE
 
 
+def combined_p_fails(results: Sequence) -> float:
+    """The claim's p-value against it holding, as `combine` reads it: k x the smallest p_fails (Bonferroni
+    over its k deciding tests, capped at 1) among the tests that can decide (not too few seeds) and have
+    one (a share whose denominator is not established has none); NaN when none does. Independent of the
+    tests' order, so combine's "fails" and this p-value at alpha always agree."""
+    usable = [r.p_fails for r in results if r.outcome != TOO_FEW and not math.isnan(r.p_fails)]
+    return min(1.0, len(results) * min(usable)) if usable else math.nan
+
+
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
     """Holm's step-down rejections at family-wise error alpha (a NaN p-value is never rejected)."""
     order = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))

@@ -264,3 +264,31 @@ def test_c4_fails_where_a_claim_fails_beside_a_share_without_p_value(monkeypatch
     verdicts = [ClaimVerdict(c.claim, "", "", {}, [c]) for c in (c1, *others)]
     c4 = _c4(verdicts, {**BASE, "variants": ["linA"]}, Settings())
     assert [c.outcome for c in c4.cells] == [FAILS]
+
+
+def test_c4_corrects_failures_across_every_budget():
+    """C4's "fails somewhere" is one family across every (claim, cell, budget): with 2 variants x 2 budgets
+    x 3 claims Holm's first step is 0.025 / 12. A failure at p 0.003 survives a budget's own correction
+    (0.025 / 6) but not the grid's, so C4 calls that cell inconclusive; at p 0.001 it fails at that
+    budget only. "Holds everywhere" needs no correction: every cell holding at 2.5% is enough."""
+    from linvit.report.claims import ClaimVerdict, _c4
+    from linvit.report.stats import Settings
+
+    config = {**BASE, "variants": ["linA", "linB"], "budgets": [100, 400]}
+
+    def claim(name, p_linB_100):
+        cells = [CellVerdict(name, "dsA", "tiny", v, b, HOLDS, p_fails=0.9) for b in (100, 400) for v in ("linA", "linB")]
+        if p_linB_100 is not None:
+            cells[1] = CellVerdict(name, "dsA", "tiny", "linB", 100, FAILS, p_fails=p_linB_100)
+        return ClaimVerdict(name, "", "", {}, cells)
+
+    for p, expected, verdict in ((0.003, INCONCLUSIVE, "mixed (3 holds, 1 inconclusive); at 100 steps mixed "
+                                  "(1 holds, 1 inconclusive), at 400 steps supported"),
+                                 (0.001, FAILS, "mixed (3 holds, 1 fails); at 100 steps mixed (1 holds, 1 fails), "
+                                  "at 400 steps supported")):
+        c4 = _c4([claim("C1", p), claim("C2", None), claim("C3", None)], config, Settings())
+        assert [(c.budget, c.variant, c.outcome) for c in c4.cells] == [
+            (100, "linA", HOLDS), (100, "linB", expected), (400, "linA", HOLDS), (400, "linB", HOLDS)]
+        assert c4.verdict == verdict
+    every = _c4([claim("C1", None), claim("C2", None), claim("C3", None)], config, Settings())
+    assert every.verdict == "supported at every budget (100, 400 steps)"

@@ -15,8 +15,9 @@ reference trained with the same budget. Each test pairs its own roles' runs by s
 too few seeds (below `claims.min_seeds`). A claim holds in a cell when all its deciding tests hold;
 it fails when one fails at the Bonferroni level across its tests (stats.combine).
 
-C4 is not a table entry but the aggregation of C1-C3 over the linear cells: every cell holding, or a
-failure that survives Holm's correction across every (claim, cell) of a budget. An axis (datasets,
+C4 is not a table entry but the aggregation of C1-C3 over the linear cells: every cell holding (an
+intersection-union rule, no correction), or a failure that survives Holm's correction across every
+(claim, cell, budget) of the grid, so the error of "fails somewhere" is controlled over budgets too. An axis (datasets,
 sizes, variants) the grid does not vary is "not tested". Cells of the softmax control variant
 (`softmax` listed in `variants`: the attention-transfer setting without a softmax-to-linear boundary)
 are evaluated with the same tests but decide no claim; the report shows them beside each variant.
@@ -401,31 +402,33 @@ def _per_budget(verdict: ClaimVerdict, absent: list[str], config: dict, fixed: s
 
 
 def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings) -> ClaimVerdict:
-    """C1-C3 together per linear cell. Holds in a cell when all three hold there; fails when one of them
-    fails after Holm's correction across every (claim, cell) of the budget, so that more cells never
-    make a spurious failure more likely; too few seeds / not evaluable / inconclusive otherwise."""
+    """C1-C3 together per linear cell and budget. Holds in a cell when all three hold there (an
+    intersection-union rule: "holds everywhere" needs no correction, each test at alpha); fails when one
+    of them fails after Holm's correction across every (claim, cell, budget) of the grid, one family, so
+    that more cells or more budgets never make a spurious failure anywhere more likely than alpha (the
+    overall verdict and every budget's read the same corrected family); too few seeds / not evaluable /
+    inconclusive otherwise."""
+    rows = [parts for budget in budgets(config)
+            for parts in zip(*([c for c in v.cells if c.budget == budget] for v in verdicts))]
+    p_values = [p.p_fails if p.outcome in (FAILS, INCONCLUSIVE, HOLDS) else math.nan for parts in rows for p in parts]
+    rejected = iter(stats.holm(p_values, settings.alpha))
     cells = []
-    for budget in budgets(config):
-        rows = list(zip(*([c for c in v.cells if c.budget == budget] for v in verdicts)))
-        p_values = [p.p_fails if p.outcome in (FAILS, INCONCLUSIVE, HOLDS) else math.nan
-                    for parts in rows for p in parts]
-        rejected = iter(stats.holm(p_values, settings.alpha))
-        for parts in rows:
-            failed = [p.claim for p in parts if next(rejected)]
-            first = parts[0]
-            cell = CellVerdict("C4", first.dataset, first.size, first.variant, first.budget, INCONCLUSIVE,
-                               parts={p.claim: p.outcome for p in parts})
-            outcomes = [p.outcome for p in parts]
-            if failed:
-                cell.outcome = FAILS
-            elif all(o == HOLDS for o in outcomes):
-                cell.outcome = HOLDS
-            elif NOT_EVALUABLE in outcomes:
-                cell.outcome, cell.why = NOT_EVALUABLE, ", ".join(p.claim for p in parts if not p.evaluable) \
-                    + " not evaluable"
-            elif TOO_FEW in outcomes:
-                cell.outcome = TOO_FEW
-            cells.append(cell)
+    for parts in rows:
+        failed = [p.claim for p in parts if next(rejected)]
+        first = parts[0]
+        cell = CellVerdict("C4", first.dataset, first.size, first.variant, first.budget, INCONCLUSIVE,
+                           parts={p.claim: p.outcome for p in parts})
+        outcomes = [p.outcome for p in parts]
+        if failed:
+            cell.outcome = FAILS
+        elif all(o == HOLDS for o in outcomes):
+            cell.outcome = HOLDS
+        elif NOT_EVALUABLE in outcomes:
+            cell.outcome, cell.why = NOT_EVALUABLE, ", ".join(p.claim for p in parts if not p.evaluable) \
+                + " not evaluable"
+        elif TOO_FEW in outcomes:
+            cell.outcome = TOO_FEW
+        cells.append(cell)
     result = _overall("C4", C4_STATEMENT, cells, [])
     axes = {"datasets": ("dataset", config["targets"]), "sizes": ("size", config["sizes"]),
             "variants": ("variant", linear_variants(config))}

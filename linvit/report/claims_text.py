@@ -68,9 +68,12 @@ def rules_markdown(config: dict) -> str:
                 lines.append(f"  - {role}: {what} {test.side} {_threshold_text(test.threshold, t)}")
         if claim.note:
             lines.append(f"  - {claim.note}")
-    lines.append("- **C4**: C1-C3 per linear cell; holds in a cell when all three hold, fails when one fails "
-                 "after Holm's correction across every (claim, cell) of a budget. An axis (datasets, sizes, "
-                 "variants) that the grid does not vary is *not tested*.")
+    lines.append("- **C4**: C1-C3 per linear cell and budget; holds in a cell when all three hold there (each at "
+                 f"{100 * s.alpha:g}%: holding everywhere needs every cell to hold, so no correction is needed), "
+                 "and fails there only when a claim's failure survives Holm's correction across every (claim, "
+                 f"cell, budget) of the grid, one family: a failure read anywhere, at any budget, is spurious at "
+                 f"most {100 * s.alpha:g}% of the time. An axis (datasets, sizes, variants) that the grid does not "
+                 "vary is *not tested*.")
     lines.append("- A claim is *supported* when it holds in every cell where it is judged, *not supported* when it "
                  "fails in every one, and otherwise *mixed* with the counts. Cells of the softmax control variant "
                  "decide nothing: they are shown beside the linear variants (positive control).")

@@ -136,6 +136,23 @@ def test_c4_names_untested_axes_and_corrects_for_multiplicity(tmp_path):
     assert single.verdict.startswith("not tested")
 
 
+def test_c4_not_tested_reads_the_same_in_every_column(tmp_path):
+    """A grid that varies nothing: C4 is "not tested", and so is its one cell (the verdicts table does not
+    say "not tested" beside "1 fails"); the cell still names C1-C3's outcomes there."""
+    from linvit.report.claims_text import verdicts_table
+
+    verdicts = verdicts_of(tmp_path, {**BASE, "variants": ["linB"]})
+    c4 = verdicts["C4"]
+    assert verdicts["C1"].verdict == "not supported" and c4.verdict.startswith("not tested")
+    assert [c.outcome for c in c4.cells] == ["not tested"] and c4.cells[0].parts == {"C1": FAILS, "C2": FAILS,
+                                                                                     "C3": FAILS}
+    row = next(line for line in verdicts_table(list(verdicts.values())).splitlines() if line.startswith("| C4 |"))
+    assert row == "| C4 | not tested: the grid varies no dataset, size or linear variant | 1 not tested |"
+    text = claims_markdown(list(verdicts.values()))
+    assert "Cells: 1 not tested." in text and "- `dsA/tiny/linB/steps100`: not tested — C1 fails, C2 fails, C3 fails" \
+        in text
+
+
 def test_the_softmax_control_is_shown_beside_each_variant_and_decides_nothing(tmp_path):
     config = {**BASE, "variants": ["linA", "softmax"]}
     v = verdicts_of(tmp_path, config)
@@ -262,8 +279,12 @@ def test_c4_fails_where_a_claim_fails_beside_a_share_without_p_value(monkeypatch
                  ["attn_alone", "attn_on_top"])
     others = [CellVerdict(name, "dsA", "tiny", "linA", 100, HOLDS, p_fails=0.9) for name in ("C2", "C3")]
     verdicts = [ClaimVerdict(c.claim, "", "", {}, [c]) for c in (c1, *others)]
-    c4 = _c4(verdicts, {**BASE, "variants": ["linA"]}, Settings())
-    assert [c.outcome for c in c4.cells] == [FAILS]
+    verdicts += [ClaimVerdict(name, "", "", {}, [CellVerdict(name, "dsA", "tiny", "linB", 100, HOLDS, p_fails=0.9)])
+                 for name in ("C1", "C2", "C3")]
+    verdicts = [ClaimVerdict(name, "", "", {}, [c for v in verdicts if v.claim == name for c in v.cells])
+                for name in ("C1", "C2", "C3")]
+    c4 = _c4(verdicts, {**BASE, "variants": ["linA", "linB"]}, Settings())  # Holm over 6: 2e-4 <= 0.025 / 6
+    assert [c.outcome for c in c4.cells] == [FAILS, HOLDS]
 
 
 def test_c4_corrects_failures_across_every_budget():

@@ -40,6 +40,7 @@ from linvit.report.roles import (ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_
 from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
 
 NOT_EVALUABLE = "not evaluable"
+NOT_TESTED = "not tested"  # C4 on a grid that varies no dataset, size or linear variant (and each of its cells)
 REFERENCE = REFERENCE_INIT  # the softmax reference, as a role of a statistic
 
 
@@ -186,7 +187,8 @@ class TestOutcome:
 @dataclass
 class CellVerdict:
     """One claim in one (dataset, size, variant, budget) cell: the claim's outcome (holds, fails,
-    inconclusive, too few seeds, not evaluable), each test's numbers, and `p_fails`, the claim's
+    inconclusive, too few seeds, not evaluable; C4's cells "not tested" where the grid varies nothing),
+    each test's numbers, and `p_fails`, the claim's
     Bonferroni p-value against it holding (stats.combined_p_fails; C4 corrects these across cells)."""
 
     claim: str
@@ -354,13 +356,16 @@ OUTCOME_ORDER = (HOLDS, FAILS, INCONCLUSIVE, TOO_FEW, NOT_EVALUABLE)
 
 
 def _counts(cells: list[CellVerdict]) -> dict[str, int]:
-    return {o: sum(c.outcome == o for c in cells) for o in OUTCOME_ORDER}
+    """Cells per outcome (and per NOT_TESTED, for C4's cells on a grid that varies nothing)."""
+    counts = {o: sum(c.outcome == o for c in cells) for o in OUTCOME_ORDER}
+    untested = sum(c.outcome == NOT_TESTED for c in cells)
+    return {**counts, NOT_TESTED: untested} if untested else counts
 
 
 def outcome_word(counts: dict[str, int]) -> str:
     """'supported' (every evaluable cell holds), 'not supported' (every one fails), 'too few seeds',
     'inconclusive', 'not evaluable', else 'mixed (1 holds, 1 fails, ...)'."""
-    judged = {o: n for o, n in counts.items() if o != NOT_EVALUABLE}
+    judged = {o: n for o, n in counts.items() if o not in (NOT_EVALUABLE, NOT_TESTED)}
     n = sum(judged.values())
     if n == 0:
         return NOT_EVALUABLE
@@ -434,7 +439,7 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings) ->
             "variants": ("variant", linear_variants(config))}
     for axis, (column, values) in axes.items():
         if len(values) < 2:
-            result.axes[axis] = f"not tested (the grid has one: {values[0] if values else 'none'})"
+            result.axes[axis] = f"{NOT_TESTED} (the grid has one: {values[0] if values else 'none'})"
         else:
             per = []
             for value in values:
@@ -443,6 +448,11 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings) ->
             result.axes[axis] = "; ".join(per)
     fixed = None
     if all(len(values) < 2 for _, values in axes.values()):
-        fixed = result.verdict = "not tested: the grid varies no dataset, size or linear variant"
+        # Nothing to hold "across": C4 is not tested, and so is each of its cells (one reading in every
+        # column); a cell's parts still name C1-C3's outcomes there.
+        fixed = result.verdict = f"{NOT_TESTED}: the grid varies no dataset, size or linear variant"
+        for cell in cells:
+            cell.outcome = NOT_TESTED
+        result.counts = _counts(cells)
     _per_budget(result, [], config, fixed)
     return result

@@ -188,8 +188,8 @@ class TestOutcome:
 class CellVerdict:
     """One claim in one (dataset, size, variant, budget) cell: the claim's outcome (holds, fails,
     inconclusive, too few seeds, not evaluable; C4's cells "not tested" where the grid varies nothing),
-    each test's numbers, and `p_fails`, the claim's
-    Bonferroni p-value against it holding (stats.combined_p_fails; C4 corrects these across cells)."""
+    each test's numbers, and `p_fails`, the claim's Bonferroni p-value against it holding
+    (stats.combined_p_fails; C4 corrects these across cells and budgets)."""
 
     claim: str
     dataset: str

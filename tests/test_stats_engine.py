@@ -52,6 +52,9 @@ def test_a_difference_is_a_t_interval_over_the_seeds_paired_values():
     assert (e.low, e.high) == (pytest.approx(0.12 - half), pytest.approx(0.12 + half))
     assert e.se == pytest.approx(d.std(ddof=1) / math.sqrt(3)) and e.bounded
     assert sample.mode == stats.SEEDS_ONLY and sample.images == 0
+    # The same t interval for one role's accuracies alone (what the figures draw).
+    assert stats.seed_interval(d) == (pytest.approx(0.12 - half), pytest.approx(0.12 + half))
+    assert all(math.isnan(x) for x in stats.seed_interval([0.5]))
 
 
 def test_identical_per_seed_differences_without_image_variance_have_a_zero_width_interval():

@@ -318,7 +318,8 @@ def _scaling_section(path: Path, report_dir: Path) -> tuple[str, list[Path]]:
 # One sentence under each figure (linvit.report.figures says how each is drawn).
 CAPTIONS = {
     "accuracy_by_init": "Final test accuracy per init strategy [design] at the grid's largest budget: seeds as "
-                        "points, the mean with its 95% bootstrap interval over seeds, the softmax reference dashed.",
+                        "points, the mean with its t interval over seeds (the claims' level, `claims.level`), the "
+                        "softmax reference dashed.",
     "training_curves": "Test accuracy against training step per init strategy [design] at the grid's largest budget "
                        "(band: std over seeds), the softmax reference dashed.",
     "accuracy_by_budget": "Test accuracy against the training budget (log2 axis), one line per init strategy and "
@@ -332,10 +333,10 @@ CAPTIONS = {
     "cost_to_accuracy": "Test accuracy against cost, one line per init strategy [design] through its budgets (with "
                         "one budget: through each run's evaluations along training), the softmax reference dashed: "
                         "against steps (a distilled strategy's distillation steps added) and against train + distill "
-                        "seconds; bars are 95% bootstrap intervals over seeds.",
+                        "seconds; bars are t intervals over seeds (the claims' level).",
     "accuracy_vs_throughput": "Test accuracy at the largest budget against measured forward throughput (images/s on "
                               "the evaluating machine), per operator and init strategy [design], the softmax "
-                              "reference a star; bars are 95% bootstrap intervals over seeds.",
+                              "reference a star; bars are t intervals over seeds (the claims' level).",
 }
 
 

@@ -342,6 +342,18 @@ def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, thre
     return TestResult(outcome, p_holds, p_fails, est, threshold, side, mde, note)
 
 
+def seed_interval(values: Sequence[float], level: float = DEFAULTS["level"]) -> tuple[float, float]:
+    """The `level` t interval of a mean over seeds, mean +- t(1 - alpha, n - 1) x sd / sqrt(n): the claims'
+    interval for one role's accuracy when only its per-seed accuracies are at hand (the figures). NaN
+    bounds below two values."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if len(x) < 2:
+        return math.nan, math.nan
+    half = _quantile(1 - (1 - level) / 2, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return float(x.mean()) - half, float(x.mean()) + half
+
+
 def combine(results: Sequence, settings: Settings) -> str:
     """A claim whose deciding tests must all hold (each result has `outcome` and `p_fails`): holds when
     every one holds, fails when one fails at alpha / k (Bonferroni), too few seeds when one has too

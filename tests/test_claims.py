@@ -313,3 +313,52 @@ def test_c4_corrects_failures_across_every_budget():
         assert c4.verdict == verdict
     every = _c4([claim("C1", None), claim("C2", None), claim("C3", None)], config, Settings())
     assert every.verdict == "supported at every budget (100, 400 steps)"
+
+
+def test_an_undecided_test_says_how_many_seeds_would_decide_it(tmp_path):
+    """C3's non-inferiority straddles its margin: the claims' table and the MDE table give the paired
+    seeds (each with its own teacher, by default) that would decide it with 80% power at its estimate."""
+    noise = {0: -0.012, 1: 0.008, 2: -0.002}
+
+    def acc(cell):
+        if cell.init == "copy_mlp_distill":
+            return round(0.80 + noise[cell.seed], 3)  # mean 0.798: 0.2 pp below the reference, margin 0.5 pp
+        return accuracy(cell)
+
+    config = {**BASE, "variants": ["linA"]}
+    verdicts = list(verdicts_of(tmp_path, config, acc).values())
+    matches = verdicts[2].cells[0].test("matches")
+    assert matches.outcome == INCONCLUSIVE and 3 < matches.seeds_needed < math.inf
+    needed = f"{int(matches.seeds_needed):,} (to hold)"
+    row = next(line for line in claims_markdown(verdicts).splitlines() if "non-inferiority" in line)
+    assert f"| {needed} | 3 x 1000 |" in row
+    mde = mde_markdown(verdicts, config)
+    assert "| minimum detectable effect | seeds to decide |" in mde and f"| {needed} |" in mde
+    assert "paired seeds (each with its own teacher: as many teachers)" in mde
+    # Decided tests (C1 holds) and reported ones give none.
+    assert all(math.isnan(t.seeds_needed) for t in verdicts[0].cells[0].tests if t.outcome == HOLDS)
+    assert "each with its own teacher" not in mde_markdown(verdicts, {**config, "teacher": {"seed": 0}})
+
+
+def test_every_verdict_says_what_its_intervals_are_over(tmp_path):
+    from linvit.report.claims import intervals_over
+    from linvit.report.claims_text import verdicts_table
+
+    config = {**BASE, "variants": ["linA"]}
+    assert intervals_over(config) == "over 3 seeds, each with its own teacher, and the test images"
+    one = {**config, "teacher": {"dataset": "pretrainset", "seed": 2}}
+    assert intervals_over(one) == "over 3 seeds and the test images, conditional on one teacher (seed 2)"
+    checkpoint = {**config, "teachers": {"tiny": {"model": "deit_tiny_patch16_224"}}}
+    assert intervals_over(checkpoint) == "over 3 seeds and the test images, for this checkpoint (deit_tiny_patch16_224)"
+    mixed = {**config, "sizes": ["tiny", "fashion_vit"],
+             "teachers": {"fashion_vit": {"model": "vit_tiny_patch16_224", "file": "data/vit.safetensors"}}}
+    assert intervals_over(mixed) == ("tiny: over 3 seeds, each with its own teacher, and the test images; "
+                                     "fashion_vit: over 3 seeds and the test images, for this checkpoint "
+                                     "(vit_tiny_patch16_224 from data/vit.safetensors)")
+    verdicts = list(verdicts_of(tmp_path, one).values())
+    over = "over 3 seeds and the test images, conditional on one teacher (seed 2)"
+    assert all(v.intervals == over for v in verdicts)
+    assert f"**Verdict: supported.** Intervals {over}. Cells: 1 holds." in claims_markdown(verdicts)
+    assert verdicts_table(verdicts).endswith(f"\n\nEvery verdict's intervals are {over}.")
+    assert f"Every interval is {over}." in rules_markdown(one)
+    assert json.loads(json.dumps([v.as_dict() for v in verdicts], default=float))[0]["intervals"] == over

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from linvit.config import NO_DESIGN, budgets
+from linvit.config import CHECKPOINT, NO_DESIGN, ONE_TEACHER, budgets, pretrained, teacher_design
 from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT, inits_of
 from linvit.report import stats
 from linvit.report.roles import (ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_MLP_DISTILL, MLP_ONLY, RANDOM,
@@ -176,6 +176,7 @@ class TestOutcome:
     p_holds: float = math.nan
     p_fails: float = math.nan
     mde: float = math.nan
+    seeds_needed: float = math.nan  # undecided: paired seeds to decide it with 80% power at the estimate
     threshold: float = math.nan
     side: str = ""
     decides: bool = True
@@ -227,6 +228,7 @@ class ClaimVerdict:
     designs: dict[str, str | None] = field(default_factory=dict)  # distilling role -> the design used
     by_budget: list[dict] = field(default_factory=list)  # {"budget", "verdict", "counts"}
     axes: dict[str, str] = field(default_factory=dict)  # C4: axis -> what the grid says about it
+    intervals: str = ""  # what its intervals are over (intervals_over): seeds, teachers, test images
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -270,7 +272,31 @@ def evaluate_claims(runs: pd.DataFrame, config: dict, predictions: dict | None =
         _per_budget(verdict, absent, config)
         verdicts.append(verdict)
     verdicts.append(_c4(verdicts, config, settings))
+    for verdict in verdicts:
+        verdict.intervals = intervals_over(config)
     return verdicts
+
+
+def intervals_over(config: dict, size: str | None = None) -> str:
+    """What the verdicts' intervals are over, from the config (linvit.config.teacher_design): 'over 5 seeds,
+    each with its own teacher, and the test images' (PER_SEED), '..., conditional on one teacher (seed 0)'
+    (ONE_TEACHER), '..., for this checkpoint (deit_tiny_patch16_224)' (CHECKPOINT). For the whole grid
+    (size None): one phrase when every size has the same, else one per size ('tiny: ...; small: ...')."""
+    if size is None:
+        phrases = {s: intervals_over(config, s) for s in config["sizes"]}
+        if len(set(phrases.values())) <= 1:
+            return next(iter(phrases.values()), "")
+        return "; ".join(f"{s}: {phrase}" for s, phrase in phrases.items())
+    n = len(config["seeds"])
+    seeds = f"{n} seed{'s' if n != 1 else ''}"
+    design = teacher_design(config, size)
+    if design == CHECKPOINT:
+        entry = pretrained(config, size)
+        name = str(entry.get("model")) + (f" from {entry['file']}" if entry.get("file") else "")
+        return f"over {seeds} and the test images, for this checkpoint ({name})"
+    if design == ONE_TEACHER:
+        return f"over {seeds} and the test images, conditional on one teacher (seed {config['teacher']['seed']})"
+    return f"over {seeds}, each with its own teacher, and the test images"
 
 
 class _Cell:
@@ -348,6 +374,7 @@ def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.S
         e = result.estimate
         out.outcome, out.p_holds, out.p_fails, out.mde, out.note = (result.outcome, result.p_holds, result.p_fails,
                                                                     result.mde, result.note)
+        out.seeds_needed = result.seeds_needed
     out.estimate, out.low, out.high, out.level = e.estimate, e.low, e.high, e.level
     return out
 

@@ -23,7 +23,7 @@ from linvit.grid import (REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_
 from linvit.io import read_json, write_text
 from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, benchmark_jobs, collect, rule_costs,
                                      write_csv)
-from linvit.report.claims import CONTROL_VARIANT, ClaimVerdict, evaluate_claims
+from linvit.report.claims import CONTROL_VARIANT, ClaimVerdict, evaluate_claims, intervals_over
 from linvit.report.claims_text import (budget_markdown, claims_markdown, control_markdown, coverage_section,
                                        mde_markdown, roles_markdown, rules_markdown, verdicts_table)
 from linvit.report.roles import COPY_MLP_DISTILL, resolve_roles
@@ -107,7 +107,7 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
     sections = [
         "# linvit report\n\nRegenerated from `results/` by `linvit.report`; every number below comes from the "
         "runs' own result files. Accuracies are top-1 on each target's test split; std is over seeds.",
-        "## Scale\n\n" + scale_markdown(config, runs, results) + "\n\n" + mde_markdown(verdicts),
+        "## Scale\n\n" + scale_markdown(config, runs, results) + "\n\n" + mde_markdown(verdicts, config),
         "## Verdicts\n\n" + verdicts_table(verdicts) + "\n\nEach claim's tests, intervals and minimum detectable "
         "effects are under [Claims](#claims); the softmax control under [Positive control](#positive-control).",
         "## Grid covered\n\n" + _grid_section(config, runs),
@@ -164,7 +164,8 @@ def scale_markdown(config: dict, runs: pd.DataFrame, results: str | Path) -> str
                          f"{epoch}; {n_test:,} test images" if n_test else
                          f"- Target `{dataset}`: each student sees {budget} steps x {batch} = {seen:,} images{epoch}")
     seeds = len(config["seeds"])
-    lines.append(f"- {seeds} seed{'s' if seeds != 1 else ''} per cell (the unit of replication).")
+    lines.append(f"- {seeds} seed{'s' if seeds != 1 else ''} per cell (the unit of replication). The verdicts' "
+                 f"intervals are {intervals_over(config)}.")
     return ("\n".join(lines) + "\n\nAt this scale the verdicts test whether the paper's effects appear in small "
             "ViTs trained for a fraction of an epoch, with teachers pretrained by the harness; they cannot say "
             "whether the effects hold for DeiT/ViT models pretrained on ImageNet and trained to convergence, where "

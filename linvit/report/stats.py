@@ -34,7 +34,10 @@ level) / 2, so a test holds or fails exactly when the level interval lies wholly
 threshold. A ratio whose denominator is not established positive is inconclusive (no p-values).
 Fewer than `min_seeds` paired seeds (default 3): "too few seeds", never holds or fails. `mde` is
 the distance from the threshold that the test would detect with 80% power,
-(t(1 - alpha, n - 1) + t(0.8, n - 1)) x SE (a share's: over the mean denominator).
+(t(1 - alpha, n - 1) + t(0.8, n - 1)) x SE (a share's: over the mean denominator). An undecided test
+(inconclusive, too few seeds) gives `seeds_needed`: the paired seeds m at which it would decide with
+80% power if the truth were its estimate, with SE(m)^2 = per-seed variance / m + the images' part
+(which more seeds do not shrink); a share also needs its denominator established.
 
 A claim with several deciding tests holds when all hold (an intersection-union test, at alpha with
 no correction) and fails when one fails at alpha / k (Bonferroni, Holm's first step). The method's
@@ -194,6 +197,9 @@ class TestResult:
     side: str
     mde: float
     note: str = ""
+    # Undecided tests (inconclusive, too few seeds): the paired seeds that would decide it with POWER if
+    # the truth were the current estimate (seeds_needed); inf where no number of seeds would; NaN else.
+    seeds_needed: float = math.nan
 
 
 class _Moments:
@@ -225,12 +231,18 @@ class _Moments:
     def project(self, parts: Sequence[Contrast]) -> tuple[np.ndarray, np.ndarray]:
         """The contrasts' means and the covariance of those means: seed part plus image part, the image
         part's negative directions set to 0 (its unbiased estimate can dip below 0 when it is tiny)."""
+        means, seed, image = self.project_parts(parts)
+        return means, seed + image
+
+    def project_parts(self, parts: Sequence[Contrast]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The contrasts' means, and their covariance's seed part (which shrinks as 1 / seeds) and image
+        part (which does not: every seed shares the test images), apart."""
         unknown = {r for p in parts for r in p} - set(self.roles)
         if unknown:
             raise KeyError(f"no runs of {', '.join(sorted(unknown))} in the sample")
         w = np.array([[float(p.get(r, 0.0)) for r in self.roles] for p in parts])
         vals, vecs = np.linalg.eigh(w @ self.image @ w.T)
-        return w @ self.means, w @ self.seed @ w.T + (vecs * np.clip(vals, 0.0, None)) @ vecs.T
+        return w @ self.means, w @ self.seed @ w.T, (vecs * np.clip(vals, 0.0, None)) @ vecs.T
 
 
 def _moments(sample: Sample) -> _Moments:
@@ -302,6 +314,30 @@ def estimate(sample: Sample, numerator: Contrast, denominator: Contrast | None, 
     return Estimate(ratio, low, high, level, se, df, n, N)
 
 
+MAX_SEEDS = 100_000  # seeds_needed: more than this reads as unreachable
+
+
+def seeds_needed(distance: float, per_seed: float, image: float, settings: Settings) -> float:
+    """The fewest paired seeds m (at least min_seeds) at which a one-sided t test at alpha detects a true
+    contrast `distance` from 0 with POWER, (t(1 - alpha, m - 1) + t(POWER, m - 1)) x SE(m) <= distance,
+    where SE(m)^2 = per_seed / m + image: the seed-to-seed variance of one seed's paired value shrinks with
+    seeds, the test images' sampling (`image`, the variance of the mean over images) does not. inf when no
+    number of seeds reaches it (the estimate at the threshold, or the images' part alone too wide)."""
+    if not distance > 0 or not math.isfinite(distance):
+        return math.inf
+    z = _quantile(1 - settings.alpha, math.inf) + _quantile(POWER, math.inf)
+    room = (distance / z) ** 2 - image  # what the seed part may take, at normal quantiles (a lower bound)
+    if not room > 0:
+        return math.inf
+    m = max(settings.min_seeds, 2, math.floor(per_seed / room))
+    while m <= MAX_SEEDS:
+        if (_quantile(1 - settings.alpha, m - 1) + _quantile(POWER, m - 1)) * math.sqrt(per_seed / m + image) \
+                <= distance:
+            return float(m)
+        m = m + 1 if m < 1000 else math.ceil(m * 1.01)  # t quantiles settle: coarser steps far out
+    return math.inf
+
+
 def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, threshold: float, side: str,
          settings: Settings) -> TestResult:
     """The claim `numerator [/ denominator] <side> threshold` (side '<=' or '>='), by one-sided t tests
@@ -339,7 +375,24 @@ def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, thre
         outcome = FAILS
     else:
         outcome = INCONCLUSIVE
-    return TestResult(outcome, p_holds, p_fails, est, threshold, side, mde, note)
+    needed = math.nan
+    if outcome in (INCONCLUSIVE, TOO_FEW):
+        needed = _seeds_needed(sample, numerator, denominator, threshold, mean, settings)
+    return TestResult(outcome, p_holds, p_fails, est, threshold, side, mde, note, needed)
+
+
+def _seeds_needed(sample: Sample, numerator: Contrast, denominator: Contrast | None, threshold: float,
+                  mean: float, settings: Settings) -> float:
+    """seeds_needed for the test's contrast num - threshold x den at its current estimate `mean` (either
+    side: to hold or to fail); a share needs its denominator established positive too (the larger)."""
+    m = _moments(sample)
+    _, seed, image = m.project_parts([numerator] if denominator is None else [numerator, denominator])
+    w = np.array([1.0] if denominator is None else [1.0, -threshold])
+    needed = seeds_needed(abs(mean), m.n * float(w @ seed @ w), float(w @ image @ w), settings)
+    if denominator is not None:
+        d = float(m.means @ np.array([float(denominator.get(r, 0.0)) for r in m.roles]))
+        needed = max(needed, seeds_needed(d, m.n * float(seed[1, 1]), float(image[1, 1]), settings))
+    return needed
 
 
 def seed_interval(values: Sequence[float], level: float = DEFAULTS["level"]) -> tuple[float, float]:

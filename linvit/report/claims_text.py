@@ -85,14 +85,29 @@ def rules_markdown(config: dict) -> str:
     return "\n".join(lines)
 
 
-def coverage_section() -> str:
-    """The engine's calibration by simulation (linvit.report.calibration's packaged table)."""
+def coverage_section(config: dict | None = None) -> str:
+    """The engine's calibration by simulation (linvit.report.calibration's packaged table): the rows of the
+    teacher design(s) this grid uses (`teacher.seed`; a pretrained checkpoint is one teacher), all without
+    a config."""
+    from linvit.config import ONE_TEACHER
     from linvit.report.calibration import coverage_markdown
 
+    designs = None
+    applies = ""
+    if config and config.get("sizes"):
+        used = {PER_SEED if teacher_design(config, size) == PER_SEED else ONE_TEACHER for size in config["sizes"]}
+        designs = tuple(d for d in (PER_SEED, ONE_TEACHER) if d in used)
+        per_seed = ("a teacher per seed, so the intervals cover the teacher-to-teacher variation too (the first "
+                    "table)")
+        one = ("one teacher (or checkpoint) for every seed: conditional on it the verdicts are calibrated (the "
+               "'given the teacher' columns), but read as statements about teachers in general their intervals "
+               "undercover, the more so the more seeds (the 'coverage' columns)")
+        applies = (f" This grid uses {per_seed}." if used == {PER_SEED} else f" This grid uses {one}."
+                   if used == {ONE_TEACHER} else f" Some sizes of this grid use {per_seed}; others {one}.")
     return ("The engine's calibration, by simulation of grids whose truth is known (shaped like a reference run; "
             "`python -m linvit.report.calibration` regenerates it): how often the 95% interval covers the truth, "
-            "and how often a verdict is wrong (holds where the truth fails, or the other way round).\n\n"
-            + coverage_markdown())
+            "and how often a verdict is wrong (holds where the truth fails, or the other way round)." + applies
+            + "\n\n" + coverage_markdown(designs=designs))
 
 
 def claims_markdown(verdicts: list[ClaimVerdict]) -> str:

@@ -115,7 +115,7 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
         + _markdown(summary_table),
         "## Figures\n\n" + _figures_section(figures),
         "## Claims\n\n" + _roles_section(config) + "\n\n### How the verdicts are reached\n\n"
-        + rules_markdown(config) + "\n\n" + coverage_section() + "\n\n" + _budgets_section(verdicts)
+        + rules_markdown(config) + "\n\n" + coverage_section(config) + "\n\n" + _budgets_section(verdicts)
         + claims_markdown(verdicts),
         "## Positive control\n\n" + control_markdown(verdicts, config),
         "## Distillation designs and baselines\n\n" + _designs_section(designs, config),

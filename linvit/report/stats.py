@@ -46,6 +46,7 @@ calibration by simulation is linvit.report.calibration (docs/statistics.md).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -241,8 +242,13 @@ class _Moments:
         if unknown:
             raise KeyError(f"no runs of {', '.join(sorted(unknown))} in the sample")
         w = np.array([[float(p.get(r, 0.0)) for r in self.roles] for p in parts])
-        vals, vecs = np.linalg.eigh(w @ self.image @ w.T)
-        return w @ self.means, w @ self.seed @ w.T, (vecs * np.clip(vals, 0.0, None)) @ vecs.T
+        image = w @ self.image @ w.T
+        if len(parts) == 1:
+            image = np.clip(image, 0.0, None)
+        else:
+            vals, vecs = np.linalg.eigh(image)
+            image = (vecs * np.clip(vals, 0.0, None)) @ vecs.T
+        return w @ self.means, w @ self.seed @ w.T, image
 
 
 def _moments(sample: Sample) -> _Moments:
@@ -252,6 +258,7 @@ def _moments(sample: Sample) -> _Moments:
     return cached[1]
 
 
+@functools.lru_cache(maxsize=4096)
 def _quantile(p: float, df: float) -> float:
     """The t distribution's p quantile (scipy.special: a ufunc, ~100x quicker than scipy.stats.t)."""
     return float(special.ndtri(p) if math.isinf(df) else special.stdtrit(df, p))
@@ -270,9 +277,14 @@ def _p_below(mean: float, se: float, df: float) -> float:
 
 def _statistic(sample: Sample, numerator: Contrast, denominator: Contrast | None):
     """(n, N, means, covariance) of the numerator (and denominator) contrast."""
+    n, N, means, seed, image = _statistic_parts(sample, numerator, denominator)
+    return n, N, means, seed + image
+
+
+def _statistic_parts(sample: Sample, numerator: Contrast, denominator: Contrast | None):
+    """(n, N, means, the covariance's seed part, its image part) of the numerator (and denominator)."""
     m = _moments(sample)
-    means, cov = m.project([numerator] if denominator is None else [numerator, denominator])
-    return m.n, m.N, means, cov
+    return m.n, m.N, *m.project_parts([numerator] if denominator is None else [numerator, denominator])
 
 
 def _se(cov: np.ndarray, w: Sequence[float]) -> float:
@@ -282,9 +294,12 @@ def _se(cov: np.ndarray, w: Sequence[float]) -> float:
 
 def estimate(sample: Sample, numerator: Contrast, denominator: Contrast | None, settings: Settings) -> Estimate:
     """A difference's t interval or a ratio's Fieller interval at `settings.level` (see the module doc)."""
-    n, N, means, cov = _statistic(sample, numerator, denominator)
+    return _estimate(*_statistic(sample, numerator, denominator), denominator is not None, settings)
+
+
+def _estimate(n: int, N: int, means: np.ndarray, cov: np.ndarray, ratio_of: bool, settings: Settings) -> Estimate:
     level, df = settings.level, float(n - 1)
-    if denominator is None:
+    if not ratio_of:
         mean = float(means[0])
         if n < 2:
             return Estimate(mean, math.nan, math.nan, level, math.nan, math.nan, n, N)
@@ -344,8 +359,9 @@ def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, thre
     of its contrast on each side (see the module doc)."""
     if side not in ("<=", ">="):
         raise ValueError(f"side must be '<=' or '>=', got {side!r}")
-    est = estimate(sample, numerator, denominator, settings)
-    n, _, means, cov = _statistic(sample, numerator, denominator)
+    n, N, means, seed, image = _statistic_parts(sample, numerator, denominator)
+    cov = seed + image
+    est = _estimate(n, N, means, cov, denominator is not None, settings)  # one projection for both
     if n < 2:
         return TestResult(TOO_FEW, math.nan, math.nan, est, threshold, side, math.nan)
     df = float(n - 1)
@@ -377,21 +393,19 @@ def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, thre
         outcome = INCONCLUSIVE
     needed = math.nan
     if outcome in (INCONCLUSIVE, TOO_FEW):
-        needed = _seeds_needed(sample, numerator, denominator, threshold, mean, settings)
+        needed = _seeds_needed(n, means, seed, image, denominator is not None, threshold, mean, settings)
     return TestResult(outcome, p_holds, p_fails, est, threshold, side, mde, note, needed)
 
 
-def _seeds_needed(sample: Sample, numerator: Contrast, denominator: Contrast | None, threshold: float,
-                  mean: float, settings: Settings) -> float:
+def _seeds_needed(n: int, means: np.ndarray, seed: np.ndarray, image: np.ndarray, ratio_of: bool,
+                  threshold: float, mean: float, settings: Settings) -> float:
     """seeds_needed for the test's contrast num - threshold x den at its current estimate `mean` (either
-    side: to hold or to fail); a share needs its denominator established positive too (the larger)."""
-    m = _moments(sample)
-    _, seed, image = m.project_parts([numerator] if denominator is None else [numerator, denominator])
-    w = np.array([1.0] if denominator is None else [1.0, -threshold])
-    needed = seeds_needed(abs(mean), m.n * float(w @ seed @ w), float(w @ image @ w), settings)
-    if denominator is not None:
-        d = float(m.means @ np.array([float(denominator.get(r, 0.0)) for r in m.roles]))
-        needed = max(needed, seeds_needed(d, m.n * float(seed[1, 1]), float(image[1, 1]), settings))
+    side: to hold or to fail), from the projection's seed and image parts; a share needs its denominator
+    established positive too (the larger of the two)."""
+    w = np.array([1.0, -threshold] if ratio_of else [1.0])
+    needed = seeds_needed(abs(mean), n * float(w @ seed @ w), float(w @ image @ w), settings)
+    if ratio_of:
+        needed = max(needed, seeds_needed(float(means[1]), n * float(seed[1, 1]), float(image[1, 1]), settings))
     return needed
 
 

@@ -362,3 +362,17 @@ def test_every_verdict_says_what_its_intervals_are_over(tmp_path):
     assert verdicts_table(verdicts).endswith(f"\n\nEvery verdict's intervals are {over}.")
     assert f"Every interval is {over}." in rules_markdown(one)
     assert json.loads(json.dumps([v.as_dict() for v in verdicts], default=float))[0]["intervals"] == over
+
+
+def test_the_reports_calibration_shows_the_grids_teacher_design():
+    from linvit.report.claims_text import coverage_section
+
+    per_seed = coverage_section({**BASE, "variants": ["linA"]})
+    assert "**A teacher per seed" in per_seed and "**One teacher" not in per_seed
+    assert "This grid uses a teacher per seed, so the intervals cover the teacher-to-teacher variation" in per_seed
+    for one in ({**BASE, "teacher": {"seed": 0}}, {**BASE, "teachers": {"tiny": {"model": "deit_tiny_patch16_224"}}}):
+        text = coverage_section(one)
+        assert "**One teacher for every seed" in text and "**A teacher per seed" not in text
+        assert "| given the teacher 3 seeds |" in text and "This grid uses one teacher (or checkpoint)" in text
+    both = coverage_section({**BASE, "sizes": ["tiny", "vit"], "teachers": {"vit": {"model": "vit_tiny"}}})
+    assert "**A teacher per seed" in both and "**One teacher" in both and "Some sizes of this grid" in both

@@ -149,8 +149,8 @@ def test_c4_not_tested_reads_the_same_in_every_column(tmp_path):
     row = next(line for line in verdicts_table(list(verdicts.values())).splitlines() if line.startswith("| C4 |"))
     assert row == "| C4 | not tested: the grid varies no dataset, size or linear variant | 1 not tested |"
     text = claims_markdown(list(verdicts.values()))
-    assert "Cells: 1 not tested." in text and "- `dsA/tiny/linB/steps100`: not tested — C1 fails, C2 fails, C3 fails" \
-        in text
+    assert "Cells: 1 not tested." in text
+    assert "- `dsA/tiny/linB/steps100`: not tested — C1 fails, C2 fails, C3 fails" in text
 
 
 def test_the_softmax_control_is_shown_beside_each_variant_and_decides_nothing(tmp_path):
@@ -298,7 +298,8 @@ def test_c4_corrects_failures_across_every_budget():
     config = {**BASE, "variants": ["linA", "linB"], "budgets": [100, 400]}
 
     def claim(name, p_linB_100):
-        cells = [CellVerdict(name, "dsA", "tiny", v, b, HOLDS, p_fails=0.9) for b in (100, 400) for v in ("linA", "linB")]
+        cells = [CellVerdict(name, "dsA", "tiny", v, b, HOLDS, p_fails=0.9)
+                 for b in (100, 400) for v in ("linA", "linB")]
         if p_linB_100 is not None:
             cells[1] = CellVerdict(name, "dsA", "tiny", "linB", 100, FAILS, p_fails=p_linB_100)
         return ClaimVerdict(name, "", "", {}, cells)

@@ -321,7 +321,8 @@ def test_report_files_figures_and_sections(tree):
             "own teacher, and the test images.") in scale
     assert "| minimum detectable effect | seeds to decide |" in scale
     verdicts_section = readme.split("## Verdicts")[1].split("\n## ")[0]
-    assert "Every verdict's intervals are over 2 seeds, each with its own teacher, and the test images." in verdicts_section
+    assert ("Every verdict's intervals are over 2 seeds, each with its own teacher, and the test images."
+            in verdicts_section)
     # One budget: no per-budget table, and no budget column where every row has the same.
     assert f"| `dsA/tiny/linA/steps{STEPS}` | **claim** | | | | **holds** | | | |" in readme
     assert "| claim | 100 steps |" not in readme and f"All rows: budget {STEPS} steps." in readme

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from linvit.config import NO_DESIGN, PER_SEED, teacher_design
+from linvit.config import NO_DESIGN, ONE_TEACHER, PER_SEED, teacher_design
 from linvit.report import stats
 from linvit.report.claims import (CLAIMS, CONTROL_NARROWED, CONTROL_VARIANT, NOT_EVALUABLE, ClaimVerdict,
                                   Thresholds, TestOutcome, intervals_over, linear_variants)
@@ -89,7 +89,6 @@ def coverage_section(config: dict | None = None) -> str:
     """The engine's calibration by simulation (linvit.report.calibration's packaged table): the rows of the
     teacher design(s) this grid uses (`teacher.seed`; a pretrained checkpoint is one teacher), all without
     a config."""
-    from linvit.config import ONE_TEACHER
     from linvit.report.calibration import coverage_markdown
 
     designs = None

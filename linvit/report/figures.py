@@ -104,7 +104,8 @@ def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path, budg
             ax.axhline(reference.mean(), **REFERENCE_STYLE)
         ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
     handles = [Line2D([], [], color=SEED_COLOR, marker="o", linestyle="none", markersize=4, label="seed"),
-               Line2D([], [], color=MEAN_COLOR, marker="_", linestyle="none", markersize=14, label=f"mean, {_level_text(config)} {CI_LABEL}")]
+               Line2D([], [], color=MEAN_COLOR, marker="_", linestyle="none", markersize=14,
+                      label=f"mean, {_level_text(config)} {CI_LABEL}")]
     if _is_reference(ok).any():
         handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
     at = _at_steps(grid.budget)

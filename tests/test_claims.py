@@ -136,6 +136,23 @@ def test_c4_names_untested_axes_and_corrects_for_multiplicity(tmp_path):
     assert single.verdict.startswith("not tested")
 
 
+def test_c4_not_tested_reads_the_same_in_every_column(tmp_path):
+    """A grid that varies nothing: C4 is "not tested", and so is its one cell (the verdicts table does not
+    say "not tested" beside "1 fails"); the cell still names C1-C3's outcomes there."""
+    from linvit.report.claims_text import verdicts_table
+
+    verdicts = verdicts_of(tmp_path, {**BASE, "variants": ["linB"]})
+    c4 = verdicts["C4"]
+    assert verdicts["C1"].verdict == "not supported" and c4.verdict.startswith("not tested")
+    assert [c.outcome for c in c4.cells] == ["not tested"] and c4.cells[0].parts == {"C1": FAILS, "C2": FAILS,
+                                                                                     "C3": FAILS}
+    row = next(line for line in verdicts_table(list(verdicts.values())).splitlines() if line.startswith("| C4 |"))
+    assert row == "| C4 | not tested: the grid varies no dataset, size or linear variant | 1 not tested |"
+    text = claims_markdown(list(verdicts.values()))
+    assert "Cells: 1 not tested." in text
+    assert "- `dsA/tiny/linB/steps100`: not tested — C1 fails, C2 fails, C3 fails" in text
+
+
 def test_the_softmax_control_is_shown_beside_each_variant_and_decides_nothing(tmp_path):
     config = {**BASE, "variants": ["linA", "softmax"]}
     v = verdicts_of(tmp_path, config)
@@ -214,3 +231,149 @@ def test_c4_fails_a_cell_only_when_the_failure_survives_holm():
                     claim("C3", [(HOLDS, 0.9), (HOLDS, 0.8)])]
         c4 = _c4(verdicts, config, Settings())
         assert [c.outcome for c in c4.cells] == [HOLDS, expected]
+
+
+def _judged(monkeypatch, outcomes: dict, order: list[str]):
+    """claims._judge on a claim whose deciding tests (in `order`) come out as `outcomes` (name -> (outcome,
+    p_fails)): the cell's combined verdict and its Bonferroni p-value."""
+    from types import SimpleNamespace
+
+    from linvit.report import claims as claims_module
+    from linvit.report.claims import Claim, TestOutcome, _judge
+    from linvit.report.stats import Settings
+
+    tests = {t.statistic.name: t for c in CLAIMS for t in c.tests}
+    monkeypatch.setattr(claims_module, "_run_test", lambda test, cell, thresholds, settings: TestOutcome(
+        test.statistic.name, outcomes[test.statistic.name][0], p_fails=outcomes[test.statistic.name][1]))
+    claim = Claim("C1", "", tuple(tests[name] for name in order))
+    cell = SimpleNamespace(dataset="dsA", size="tiny", variant="linA", budget=100)
+    return _judge(claim, cell, Thresholds(), Settings())
+
+
+@pytest.mark.parametrize("order", [["attn_alone", "attn_on_top"], ["attn_on_top", "attn_alone"]])
+def test_a_cells_p_value_does_not_depend_on_the_order_of_its_tests(monkeypatch, order):
+    # A share whose denominator is not established has no p-value (NaN); the other test fails clearly.
+    # The claim fails (0.001 <= 0.025 / 2) whatever the order, and its p-value is 2 x 0.001 in both.
+    cell = _judged(monkeypatch, {"attn_alone": (INCONCLUSIVE, math.nan), "attn_on_top": (FAILS, 0.001)}, order)
+    assert cell.outcome == FAILS and cell.p_fails == pytest.approx(0.002)
+
+
+def test_a_cells_p_value_takes_nothing_from_tests_with_too_few_seeds(monkeypatch):
+    order = ["attn_alone", "attn_on_top"]
+    # attn_alone has two paired seeds (too few: never decides) with a tiny p-value; attn_on_top fails with
+    # enough seeds. The claim fails on attn_on_top's evidence alone: p = 2 x 0.01.
+    cell = _judged(monkeypatch, {"attn_alone": (TOO_FEW, 1e-6), "attn_on_top": (FAILS, 0.01)}, order)
+    assert cell.outcome == FAILS and cell.p_fails == pytest.approx(0.02)
+    # No test with enough seeds and a p-value: no p-value for the cell.
+    cell = _judged(monkeypatch, {"attn_alone": (TOO_FEW, 1e-6), "attn_on_top": (INCONCLUSIVE, math.nan)}, order)
+    assert cell.outcome == TOO_FEW and math.isnan(cell.p_fails)
+
+
+def test_c4_fails_where_a_claim_fails_beside_a_share_without_p_value(monkeypatch):
+    """The defect the order made: C1 fails in the cell on attn_on_top while attn_alone has no p-value;
+    C4 must read the cell as failing, not inconclusive (one cell, so Holm over its 3 claims)."""
+    from linvit.report.claims import ClaimVerdict, _c4
+    from linvit.report.stats import Settings
+
+    c1 = _judged(monkeypatch, {"attn_alone": (INCONCLUSIVE, math.nan), "attn_on_top": (FAILS, 1e-4)},
+                 ["attn_alone", "attn_on_top"])
+    others = [CellVerdict(name, "dsA", "tiny", "linA", 100, HOLDS, p_fails=0.9) for name in ("C2", "C3")]
+    verdicts = [ClaimVerdict(c.claim, "", "", {}, [c]) for c in (c1, *others)]
+    verdicts += [ClaimVerdict(name, "", "", {}, [CellVerdict(name, "dsA", "tiny", "linB", 100, HOLDS, p_fails=0.9)])
+                 for name in ("C1", "C2", "C3")]
+    verdicts = [ClaimVerdict(name, "", "", {}, [c for v in verdicts if v.claim == name for c in v.cells])
+                for name in ("C1", "C2", "C3")]
+    c4 = _c4(verdicts, {**BASE, "variants": ["linA", "linB"]}, Settings())  # Holm over 6: 2e-4 <= 0.025 / 6
+    assert [c.outcome for c in c4.cells] == [FAILS, HOLDS]
+
+
+def test_c4_corrects_failures_across_every_budget():
+    """C4's "fails somewhere" is one family across every (claim, cell, budget): with 2 variants x 2 budgets
+    x 3 claims Holm's first step is 0.025 / 12. A failure at p 0.003 survives a budget's own correction
+    (0.025 / 6) but not the grid's, so C4 calls that cell inconclusive; at p 0.001 it fails at that
+    budget only. "Holds everywhere" needs no correction: every cell holding at 2.5% is enough."""
+    from linvit.report.claims import ClaimVerdict, _c4
+    from linvit.report.stats import Settings
+
+    config = {**BASE, "variants": ["linA", "linB"], "budgets": [100, 400]}
+
+    def claim(name, p_linB_100):
+        cells = [CellVerdict(name, "dsA", "tiny", v, b, HOLDS, p_fails=0.9)
+                 for b in (100, 400) for v in ("linA", "linB")]
+        if p_linB_100 is not None:
+            cells[1] = CellVerdict(name, "dsA", "tiny", "linB", 100, FAILS, p_fails=p_linB_100)
+        return ClaimVerdict(name, "", "", {}, cells)
+
+    for p, expected, verdict in ((0.003, INCONCLUSIVE, "mixed (3 holds, 1 inconclusive); at 100 steps mixed "
+                                  "(1 holds, 1 inconclusive), at 400 steps supported"),
+                                 (0.001, FAILS, "mixed (3 holds, 1 fails); at 100 steps mixed (1 holds, 1 fails), "
+                                  "at 400 steps supported")):
+        c4 = _c4([claim("C1", p), claim("C2", None), claim("C3", None)], config, Settings())
+        assert [(c.budget, c.variant, c.outcome) for c in c4.cells] == [
+            (100, "linA", HOLDS), (100, "linB", expected), (400, "linA", HOLDS), (400, "linB", HOLDS)]
+        assert c4.verdict == verdict
+    every = _c4([claim("C1", None), claim("C2", None), claim("C3", None)], config, Settings())
+    assert every.verdict == "supported at every budget (100, 400 steps)"
+
+
+def test_an_undecided_test_says_how_many_seeds_would_decide_it(tmp_path):
+    """C3's non-inferiority straddles its margin: the claims' table and the MDE table give the paired
+    seeds (each with its own teacher, by default) that would decide it with 80% power at its estimate."""
+    noise = {0: -0.012, 1: 0.008, 2: -0.002}
+
+    def acc(cell):
+        if cell.init == "copy_mlp_distill":
+            return round(0.80 + noise[cell.seed], 3)  # mean 0.798: 0.2 pp below the reference, margin 0.5 pp
+        return accuracy(cell)
+
+    config = {**BASE, "variants": ["linA"]}
+    verdicts = list(verdicts_of(tmp_path, config, acc).values())
+    matches = verdicts[2].cells[0].test("matches")
+    assert matches.outcome == INCONCLUSIVE and 3 < matches.seeds_needed < math.inf
+    needed = f"{int(matches.seeds_needed):,} (to hold)"
+    row = next(line for line in claims_markdown(verdicts).splitlines() if "non-inferiority" in line)
+    assert f"| {needed} | 3 x 1000 |" in row
+    mde = mde_markdown(verdicts, config)
+    assert "| minimum detectable effect | seeds to decide |" in mde and f"| {needed} |" in mde
+    assert "paired seeds (each with its own teacher: as many teachers)" in mde
+    # Decided tests (C1 holds) and reported ones give none.
+    assert all(math.isnan(t.seeds_needed) for t in verdicts[0].cells[0].tests if t.outcome == HOLDS)
+    assert "each with its own teacher" not in mde_markdown(verdicts, {**config, "teacher": {"seed": 0}})
+
+
+def test_every_verdict_says_what_its_intervals_are_over(tmp_path):
+    from linvit.report.claims import intervals_over
+    from linvit.report.claims_text import verdicts_table
+
+    config = {**BASE, "variants": ["linA"]}
+    assert intervals_over(config) == "over 3 seeds, each with its own teacher, and the test images"
+    one = {**config, "teacher": {"dataset": "pretrainset", "seed": 2}}
+    assert intervals_over(one) == "over 3 seeds and the test images, conditional on one teacher (seed 2)"
+    checkpoint = {**config, "teachers": {"tiny": {"model": "deit_tiny_patch16_224"}}}
+    assert intervals_over(checkpoint) == "over 3 seeds and the test images, for this checkpoint (deit_tiny_patch16_224)"
+    mixed = {**config, "sizes": ["tiny", "fashion_vit"],
+             "teachers": {"fashion_vit": {"model": "vit_tiny_patch16_224", "file": "data/vit.safetensors"}}}
+    assert intervals_over(mixed) == ("tiny: over 3 seeds, each with its own teacher, and the test images; "
+                                     "fashion_vit: over 3 seeds and the test images, for this checkpoint "
+                                     "(vit_tiny_patch16_224 from data/vit.safetensors)")
+    verdicts = list(verdicts_of(tmp_path, one).values())
+    over = "over 3 seeds and the test images, conditional on one teacher (seed 2)"
+    assert all(v.intervals == over for v in verdicts)
+    assert f"**Verdict: supported.** Intervals {over}. Cells: 1 holds." in claims_markdown(verdicts)
+    assert verdicts_table(verdicts).endswith(f"\n\nEvery verdict's intervals are {over}.")
+    assert f"Every interval is {over}." in rules_markdown(one)
+    assert json.loads(json.dumps([v.as_dict() for v in verdicts], default=float))[0]["intervals"] == over
+
+
+def test_the_reports_calibration_shows_the_grids_teacher_design():
+    from linvit.report.claims_text import coverage_section
+
+    per_seed = coverage_section({**BASE, "variants": ["linA"]})
+    assert "**A teacher per seed" in per_seed and "**One teacher" not in per_seed
+    assert "This grid uses a teacher per seed, so the intervals cover the teacher-to-teacher variation" in per_seed
+    for one in ({**BASE, "teacher": {"seed": 0}}, {**BASE, "teachers": {"tiny": {"model": "deit_tiny_patch16_224"}}}):
+        text = coverage_section(one)
+        assert "**One teacher for every seed" in text and "**A teacher per seed" not in text
+        assert "| given the teacher 3 seeds |" in text and "This grid uses one teacher (or checkpoint)" in text
+    both = coverage_section({**BASE, "sizes": ["tiny", "vit"], "teachers": {"vit": {"model": "vit_tiny"}}})
+    assert "**A teacher per seed" in both and "**One teacher" in both and "Some sizes of this grid" in both

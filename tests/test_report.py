@@ -313,9 +313,18 @@ def test_report_files_figures_and_sections(tree):
         assert heading in readme
     assert "figures/accuracy_by_init.png" in readme
     assert f"`dsB/tiny/linB/attn_only/none/steps{STEPS}/seed0` (missing): Error: job failed" in readme
-    assert "**Verdict: mixed (2 holds, 1 fails).**" in readme
+    assert "**Verdict: mixed (2 holds, 1 fails).** Intervals over 2 seeds, each with its own teacher, and the test " \
+           "images." in readme
+    # The scale section and the verdicts table say what the intervals are over (a teacher per seed by default).
+    scale = readme.split("## Scale")[1].split("\n## ")[0]
+    assert ("- 2 seeds per cell (the unit of replication). The verdicts' intervals are over 2 seeds, each with its "
+            "own teacher, and the test images.") in scale
+    assert "| minimum detectable effect | seeds to decide |" in scale
+    verdicts_section = readme.split("## Verdicts")[1].split("\n## ")[0]
+    assert ("Every verdict's intervals are over 2 seeds, each with its own teacher, and the test images."
+            in verdicts_section)
     # One budget: no per-budget table, and no budget column where every row has the same.
-    assert f"| `dsA/tiny/linA/steps{STEPS}` | **claim** | | | | **holds** | | |" in readme
+    assert f"| `dsA/tiny/linA/steps{STEPS}` | **claim** | | | | **holds** | | | |" in readme
     assert "| claim | 100 steps |" not in readme and f"All rows: budget {STEPS} steps." in readme
     assert readme.index("## Scale") < readme.index("## Verdicts") < readme.index("### C1")
     assert "| C1 | supported" not in readme and "| C1 | mixed (2 holds, 1 fails) |" in readme

@@ -170,7 +170,7 @@ def test_readme_budgets_designs_and_baselines(tree):
     assert "Not at equal distillation compute" not in designs
     summary = re.sub(r" +", " ", readme.split("## Summary")[1].split("\n## ")[0])
     assert "| dsA | tiny | linA | 400 | copy_mlp_distill | map_ce | 2/2 | 70.00% ± 1.41 pp | 0.667 |" in summary
-    assert "| `dsA/tiny/linA/steps400` | **claim** | | | | **holds** | | |" in readme
+    assert "| `dsA/tiny/linA/steps400` | **claim** | | | | **holds** | | | |" in readme
     assert written
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.image import AxesImage, imread
+from scipy import stats as sps
 
 from linvit.report import figures
 from linvit.report.figures import accuracy_by_budget, attention_maps, fidelity_by_block
@@ -413,16 +414,31 @@ def two_point_lines(ax) -> list[tuple[list, list]]:
             if len(line.get_xdata()) == 2 and line.get_linestyle() != "--"]
 
 
-def test_accuracy_by_init_draws_a_seeded_95_interval_over_seeds(tmp_path, captured):
+def t_interval(values, level=0.95) -> list[float]:
+    """mean -+ t(1 - alpha, n - 1) x sd / sqrt(n), by hand (scipy.stats)."""
+    x = np.asarray(values, dtype=float)
+    half = sps.t.ppf(1 - (1 - level) / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return [round(float(x.mean() - half), 6), round(float(x.mean() + half), 6)]
+
+
+def test_accuracy_by_init_draws_the_claims_t_interval_over_seeds(tmp_path, captured):
     runs = budget_runs()
     paths = figures.accuracy_by_init(runs, CONFIG, tmp_path / "a")
     ax = panel(captured["accuracy_by_init"], "dsA · linA · micro")[0]
-    # Two seeds: every bootstrap mean lies between them, so the 95% interval spans exactly seed 0 to seed 1.
+    # The claims' t interval over the two seeds (1 degree of freedom: t = 12.7), not a percentile
+    # bootstrap, which with two seeds spans just seed 0 to seed 1 (and covers far less than 95%).
     for i, (x, y) in enumerate(two_point_lines(ax)):
         init, design = [("random", "none"), ("copy_all", "none"), ("distilled", "kl"), ("distilled", "mse")][i]
-        assert x == [i, i] and y == [round(accuracy(init, design, 1600, s), 6) for s in (0, 1)]
-    assert "mean, 95% CI over seeds" in legend_labels(captured["accuracy_by_init"])
-    # The bootstrap and the strip jitter are seeded: drawing again gives the same image (PNG; matplotlib's
+        seeds = [accuracy(init, design, 1600, s) for s in (0, 1)]
+        assert x == [i, i] and y == pytest.approx(t_interval(seeds), abs=1e-6)
+        assert y[0] < min(seeds) and y[1] > max(seeds)
+    assert "mean, 95% t interval over seeds" in legend_labels(captured["accuracy_by_init"])
+    # At the config's level: 90% intervals are narrower.
+    figures.accuracy_by_init(runs, {**CONFIG, "claims": {"level": 0.9}}, tmp_path / "c")
+    narrow = two_point_lines(panel(captured["accuracy_by_init"], "dsA · linA · micro")[0])[0][1]
+    assert narrow == pytest.approx(t_interval([accuracy("random", "none", 1600, s) for s in (0, 1)], 0.9), abs=1e-6)
+    assert "mean, 90% t interval over seeds" in legend_labels(captured["accuracy_by_init"])
+    # The strip jitter is seeded: drawing again gives the same image (PNG; matplotlib's
     # SVG clip-path ids are random), and the caller's global numpy random state is left as it was.
     state = np.random.get_state()[1].copy()
     again = figures.accuracy_by_init(runs, CONFIG, tmp_path / "b")
@@ -486,11 +502,11 @@ def test_cost_to_accuracy_adds_distillation_and_uses_wall_clock(tmp_path, captur
     lines = mean_lines(seconds_ax)
     assert np.allclose(lines[0].get_xdata(), [b / 10 + 0.5 for b in BUDGETS])
     assert np.allclose(lines[2].get_xdata(), [b / 10 + 0.5 + DISTILL_TIME for b in BUDGETS])
-    # Bars: the 95% interval over the two seeds, seed 0 to seed 1, at each budget.
+    # Bars: the claims' 95% t interval over the two seeds at each budget.
     segments = [s for c in steps_ax.collections for s in c.get_segments()]
-    assert any(np.allclose(s, [[100, accuracy("random", "none", 100, 0)], [100, accuracy("random", "none", 100, 1)]])
-               for s in segments)
-    assert "softmax reference" in legend_labels(fig) and "95% CI over seeds" in legend_labels(fig)
+    low, high = t_interval([accuracy("random", "none", 100, s) for s in (0, 1)])
+    assert any(np.allclose(s, [[100, low], [100, high]], atol=1e-6) for s in segments)
+    assert "softmax reference" in legend_labels(fig) and "95% t interval over seeds" in legend_labels(fig)
 
 
 def test_cost_to_accuracy_one_budget_goes_along_training(tmp_path, captured):

@@ -52,6 +52,9 @@ def test_a_difference_is_a_t_interval_over_the_seeds_paired_values():
     assert (e.low, e.high) == (pytest.approx(0.12 - half), pytest.approx(0.12 + half))
     assert e.se == pytest.approx(d.std(ddof=1) / math.sqrt(3)) and e.bounded
     assert sample.mode == stats.SEEDS_ONLY and sample.images == 0
+    # The same t interval for one role's accuracies alone (what the figures draw).
+    assert stats.seed_interval(d) == (pytest.approx(0.12 - half), pytest.approx(0.12 + half))
+    assert all(math.isnan(x) for x in stats.seed_interval([0.5]))
 
 
 def test_identical_per_seed_differences_without_image_variance_have_a_zero_width_interval():
@@ -145,6 +148,33 @@ def test_a_share_test_agrees_with_fieller_and_its_mde_is_in_share_units():
     assert result.mde == pytest.approx((sps.t.ppf(0.975, 3) + sps.t.ppf(0.8, 3)) * se / 0.2025)
 
 
+def test_seeds_needed_to_decide_an_undecided_test_at_its_estimate():
+    # Seeds only (no image part): paired differences 0.01, 0.03, -0.01, 0.02 against 0: inconclusive at 4.
+    sample = sample_of({"a": [0.61, 0.63, 0.59, 0.62], "b": [0.60, 0.60, 0.60, 0.60]})
+    result = stats.test(sample, {"a": 1, "b": -1}, None, 0.0, ">=", Settings())
+    d = np.array([0.01, 0.03, -0.01, 0.02])
+    assert result.outcome == INCONCLUSIVE
+
+    def detects(m):  # (t(0.975, m - 1) + t(0.8, m - 1)) x sd / sqrt(m) <= the estimate
+        return (sps.t.ppf(0.975, m - 1) + sps.t.ppf(0.8, m - 1)) * d.std(ddof=1) / math.sqrt(m) <= d.mean()
+    m = int(result.seeds_needed)
+    assert m > 4 and detects(m) and not detects(m - 1)
+    # Decided tests need no more seeds: NaN.
+    assert math.isnan(stats.test(sample, {"a": 1, "b": -1}, None, -0.5, ">=", Settings()).seeds_needed)
+    # The estimate exactly at the threshold: no number of seeds decides it.
+    assert stats.test(sample, {"a": 1, "b": -1}, None, d.mean(), ">=", Settings()).seeds_needed == math.inf
+    # The test images' part does not shrink with seeds: it bounds what seeds can do.
+    s = Settings()
+    z = sps.norm.ppf(0.975) + sps.norm.ppf(0.8)
+    assert stats.seeds_needed(0.01, 1e-4, (0.01 / z) ** 2 * 1.01, s) == math.inf
+    assert stats.seeds_needed(0.01, 1e-4, 0.0, s) < stats.seeds_needed(0.01, 1e-4, (0.01 / z) ** 2 / 2, s)
+    # Never below min_seeds; too few seeds get a number too.
+    assert stats.seeds_needed(1.0, 1e-6, 0.0, Settings(min_seeds=5)) == 5
+    two = sample_of({"a": [0.61, 0.63], "b": [0.60, 0.60]})
+    result = stats.test(two, {"a": 1, "b": -1}, None, 0.0, ">=", Settings())
+    assert result.outcome == TOO_FEW and result.seeds_needed >= 3
+
+
 def test_too_few_seeds_never_decide():
     one = stats.pair(runs_of({"a": 0.9, "b": 0.5}, seeds=(0,)))
     two = stats.pair(runs_of({"a": 0.9, "b": 0.5}, seeds=(0, 1)))
@@ -187,6 +217,22 @@ def test_combine_needs_every_test_to_hold_and_corrects_failures():
     assert stats.combine([r(TOO_FEW, 0.001), r(INCONCLUSIVE, 0.3)], s) == TOO_FEW  # too few never decides
     assert stats.combine([r(TOO_FEW, math.nan), r(FAILS, 0.001)], s) == FAILS
     assert stats.combine([r(INCONCLUSIVE, math.nan), r(HOLDS, 0.9)], s) == INCONCLUSIVE
+
+
+def test_the_claims_p_value_is_combines_reading_in_any_order():
+    def r(outcome, p_fails):
+        return stats.TestResult(outcome, math.nan, p_fails, None, 0.0, "<=", math.nan)
+    s = Settings()
+    cases = [[r(INCONCLUSIVE, math.nan), r(FAILS, 0.001)], [r(TOO_FEW, 1e-6), r(FAILS, 0.01)],
+             [r(TOO_FEW, 1e-6), r(HOLDS, 0.9)], [r(HOLDS, 0.9), r(INCONCLUSIVE, 0.02)], [r(FAILS, 0.012)],
+             [r(INCONCLUSIVE, math.nan), r(INCONCLUSIVE, math.nan)], [r(TOO_FEW, 0.001), r(TOO_FEW, 0.3)]]
+    expected = [0.002, 0.02, 1.0, 0.04, 0.012, math.nan, math.nan]
+    for results, p in zip(cases, expected):
+        for order in (results, results[::-1]):
+            got = stats.combined_p_fails(order)
+            assert got == pytest.approx(p, nan_ok=True), (order, got)
+            # combine fails exactly when the Bonferroni p-value is at alpha or below.
+            assert (stats.combine(order, s) == FAILS) == (got <= s.alpha)
 
 
 def test_holm_steps_down():

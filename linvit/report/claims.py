@@ -15,8 +15,9 @@ reference trained with the same budget. Each test pairs its own roles' runs by s
 too few seeds (below `claims.min_seeds`). A claim holds in a cell when all its deciding tests hold;
 it fails when one fails at the Bonferroni level across its tests (stats.combine).
 
-C4 is not a table entry but the aggregation of C1-C3 over the linear cells: every cell holding, or a
-failure that survives Holm's correction across every (claim, cell) of a budget. An axis (datasets,
+C4 is not a table entry but the aggregation of C1-C3 over the linear cells: every cell holding (an
+intersection-union rule, no correction), or a failure that survives Holm's correction across every
+(claim, cell, budget) of the grid, so the error of "fails somewhere" is controlled over budgets too. An axis (datasets,
 sizes, variants) the grid does not vary is "not tested". Cells of the softmax control variant
 (`softmax` listed in `variants`: the attention-transfer setting without a softmax-to-linear boundary)
 are evaluated with the same tests but decide no claim; the report shows them beside each variant.
@@ -31,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from linvit.config import NO_DESIGN, budgets
+from linvit.config import CHECKPOINT, NO_DESIGN, ONE_TEACHER, budgets, pretrained, teacher_design
 from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT, inits_of
 from linvit.report import stats
 from linvit.report.roles import (ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_MLP_DISTILL, MLP_ONLY, RANDOM,
@@ -39,6 +40,7 @@ from linvit.report.roles import (ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_
 from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
 
 NOT_EVALUABLE = "not evaluable"
+NOT_TESTED = "not tested"  # C4 on a grid that varies no dataset, size or linear variant (and each of its cells)
 REFERENCE = REFERENCE_INIT  # the softmax reference, as a role of a statistic
 
 
@@ -174,6 +176,7 @@ class TestOutcome:
     p_holds: float = math.nan
     p_fails: float = math.nan
     mde: float = math.nan
+    seeds_needed: float = math.nan  # undecided: paired seeds to decide it with 80% power at the estimate
     threshold: float = math.nan
     side: str = ""
     decides: bool = True
@@ -185,8 +188,9 @@ class TestOutcome:
 @dataclass
 class CellVerdict:
     """One claim in one (dataset, size, variant, budget) cell: the claim's outcome (holds, fails,
-    inconclusive, too few seeds, not evaluable), each test's numbers, and `p_fails`, the claim's
-    Bonferroni p-value against it holding (C4 corrects these across cells)."""
+    inconclusive, too few seeds, not evaluable; C4's cells "not tested" where the grid varies nothing),
+    each test's numbers, and `p_fails`, the claim's Bonferroni p-value against it holding
+    (stats.combined_p_fails; C4 corrects these across cells and budgets)."""
 
     claim: str
     dataset: str
@@ -224,6 +228,7 @@ class ClaimVerdict:
     designs: dict[str, str | None] = field(default_factory=dict)  # distilling role -> the design used
     by_budget: list[dict] = field(default_factory=list)  # {"budget", "verdict", "counts"}
     axes: dict[str, str] = field(default_factory=dict)  # C4: axis -> what the grid says about it
+    intervals: str = ""  # what its intervals are over (intervals_over): seeds, teachers, test images
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -267,6 +272,8 @@ def evaluate_claims(runs: pd.DataFrame, config: dict, predictions: dict | None =
         _per_budget(verdict, absent, config)
         verdicts.append(verdict)
     verdicts.append(_c4(verdicts, config, settings))
+    for verdict in verdicts:
+        verdict.intervals = intervals_over(config)
     return verdicts
 
 
@@ -303,6 +310,28 @@ def statistic_estimates(runs: pd.DataFrame, config: dict,
             out[(key, s.name)] = stats.estimate(sample, dict(s.numerator),
                                                 dict(s.denominator) if s.denominator else None, settings)
     return out
+
+
+def intervals_over(config: dict, size: str | None = None) -> str:
+    """What the verdicts' intervals are over, from the config (linvit.config.teacher_design): 'over 5 seeds,
+    each with its own teacher, and the test images' (PER_SEED), '..., conditional on one teacher (seed 0)'
+    (ONE_TEACHER), '..., for this checkpoint (deit_tiny_patch16_224)' (CHECKPOINT). For the whole grid
+    (size None): one phrase when every size has the same, else one per size ('tiny: ...; small: ...')."""
+    if size is None:
+        phrases = {s: intervals_over(config, s) for s in config["sizes"]}
+        if len(set(phrases.values())) <= 1:
+            return next(iter(phrases.values()), "")
+        return "; ".join(f"{s}: {phrase}" for s, phrase in phrases.items())
+    n = len(config["seeds"])
+    seeds = f"{n} seed{'s' if n != 1 else ''}"
+    design = teacher_design(config, size)
+    if design == CHECKPOINT:
+        entry = pretrained(config, size)
+        name = str(entry.get("model")) + (f" from {entry['file']}" if entry.get("file") else "")
+        return f"over {seeds} and the test images, for this checkpoint ({name})"
+    if design == ONE_TEACHER:
+        return f"over {seeds} and the test images, conditional on one teacher (seed {config['teacher']['seed']})"
+    return f"over {seeds}, each with its own teacher, and the test images"
 
 
 class _Cell:
@@ -353,7 +382,7 @@ def _judge(claim: Claim, cell: _Cell, thresholds: Thresholds, settings: stats.Se
         verdict.why = blocked[0]
         return verdict
     verdict.outcome = stats.combine(deciding, settings)  # reads each test's outcome and p_fails
-    verdict.p_fails = min(1.0, len(deciding) * min((t.p_fails for t in deciding), default=math.nan))
+    verdict.p_fails = stats.combined_p_fails(deciding)  # never from a too-few-seeds test; NaNs skipped
     return verdict
 
 
@@ -380,6 +409,7 @@ def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.S
         e = result.estimate
         out.outcome, out.p_holds, out.p_fails, out.mde, out.note = (result.outcome, result.p_holds, result.p_fails,
                                                                     result.mde, result.note)
+        out.seeds_needed = result.seeds_needed
     out.estimate, out.low, out.high, out.level = e.estimate, e.low, e.high, e.level
     return out
 
@@ -388,13 +418,16 @@ OUTCOME_ORDER = (HOLDS, FAILS, INCONCLUSIVE, TOO_FEW, NOT_EVALUABLE)
 
 
 def _counts(cells: list[CellVerdict]) -> dict[str, int]:
-    return {o: sum(c.outcome == o for c in cells) for o in OUTCOME_ORDER}
+    """Cells per outcome (and per NOT_TESTED, for C4's cells on a grid that varies nothing)."""
+    counts = {o: sum(c.outcome == o for c in cells) for o in OUTCOME_ORDER}
+    untested = sum(c.outcome == NOT_TESTED for c in cells)
+    return {**counts, NOT_TESTED: untested} if untested else counts
 
 
 def outcome_word(counts: dict[str, int]) -> str:
     """'supported' (every evaluable cell holds), 'not supported' (every one fails), 'too few seeds',
     'inconclusive', 'not evaluable', else 'mixed (1 holds, 1 fails, ...)'."""
-    judged = {o: n for o, n in counts.items() if o != NOT_EVALUABLE}
+    judged = {o: n for o, n in counts.items() if o not in (NOT_EVALUABLE, NOT_TESTED)}
     n = sum(judged.values())
     if n == 0:
         return NOT_EVALUABLE
@@ -436,37 +469,39 @@ def _per_budget(verdict: ClaimVerdict, absent: list[str], config: dict, fixed: s
 
 
 def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings) -> ClaimVerdict:
-    """C1-C3 together per linear cell. Holds in a cell when all three hold there; fails when one of them
-    fails after Holm's correction across every (claim, cell) of the budget, so that more cells never
-    make a spurious failure more likely; too few seeds / not evaluable / inconclusive otherwise."""
+    """C1-C3 together per linear cell and budget. Holds in a cell when all three hold there (an
+    intersection-union rule: "holds everywhere" needs no correction, each test at alpha); fails when one
+    of them fails after Holm's correction across every (claim, cell, budget) of the grid, one family, so
+    that more cells or more budgets never make a spurious failure anywhere more likely than alpha (the
+    overall verdict and every budget's read the same corrected family); too few seeds / not evaluable /
+    inconclusive otherwise."""
+    rows = [parts for budget in budgets(config)
+            for parts in zip(*([c for c in v.cells if c.budget == budget] for v in verdicts))]
+    p_values = [p.p_fails if p.outcome in (FAILS, INCONCLUSIVE, HOLDS) else math.nan for parts in rows for p in parts]
+    rejected = iter(stats.holm(p_values, settings.alpha))
     cells = []
-    for budget in budgets(config):
-        rows = list(zip(*([c for c in v.cells if c.budget == budget] for v in verdicts)))
-        p_values = [p.p_fails if p.outcome in (FAILS, INCONCLUSIVE, HOLDS) else math.nan
-                    for parts in rows for p in parts]
-        rejected = iter(stats.holm(p_values, settings.alpha))
-        for parts in rows:
-            failed = [p.claim for p in parts if next(rejected)]
-            first = parts[0]
-            cell = CellVerdict("C4", first.dataset, first.size, first.variant, first.budget, INCONCLUSIVE,
-                               parts={p.claim: p.outcome for p in parts})
-            outcomes = [p.outcome for p in parts]
-            if failed:
-                cell.outcome = FAILS
-            elif all(o == HOLDS for o in outcomes):
-                cell.outcome = HOLDS
-            elif NOT_EVALUABLE in outcomes:
-                cell.outcome, cell.why = NOT_EVALUABLE, ", ".join(p.claim for p in parts if not p.evaluable) \
-                    + " not evaluable"
-            elif TOO_FEW in outcomes:
-                cell.outcome = TOO_FEW
-            cells.append(cell)
+    for parts in rows:
+        failed = [p.claim for p in parts if next(rejected)]
+        first = parts[0]
+        cell = CellVerdict("C4", first.dataset, first.size, first.variant, first.budget, INCONCLUSIVE,
+                           parts={p.claim: p.outcome for p in parts})
+        outcomes = [p.outcome for p in parts]
+        if failed:
+            cell.outcome = FAILS
+        elif all(o == HOLDS for o in outcomes):
+            cell.outcome = HOLDS
+        elif NOT_EVALUABLE in outcomes:
+            cell.outcome, cell.why = NOT_EVALUABLE, ", ".join(p.claim for p in parts if not p.evaluable) \
+                + " not evaluable"
+        elif TOO_FEW in outcomes:
+            cell.outcome = TOO_FEW
+        cells.append(cell)
     result = _overall("C4", C4_STATEMENT, cells, [])
     axes = {"datasets": ("dataset", config["targets"]), "sizes": ("size", config["sizes"]),
             "variants": ("variant", linear_variants(config))}
     for axis, (column, values) in axes.items():
         if len(values) < 2:
-            result.axes[axis] = f"not tested (the grid has one: {values[0] if values else 'none'})"
+            result.axes[axis] = f"{NOT_TESTED} (the grid has one: {values[0] if values else 'none'})"
         else:
             per = []
             for value in values:
@@ -475,6 +510,11 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings) ->
             result.axes[axis] = "; ".join(per)
     fixed = None
     if all(len(values) < 2 for _, values in axes.values()):
-        fixed = result.verdict = "not tested: the grid varies no dataset, size or linear variant"
+        # Nothing to hold "across": C4 is not tested, and so is each of its cells (one reading in every
+        # column); a cell's parts still name C1-C3's outcomes there.
+        fixed = result.verdict = f"{NOT_TESTED}: the grid varies no dataset, size or linear variant"
+        for cell in cells:
+            cell.outcome = NOT_TESTED
+        result.counts = _counts(cells)
     _per_budget(result, [], config, fixed)
     return result

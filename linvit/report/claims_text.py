@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 
-from linvit.config import NO_DESIGN
+from linvit.config import NO_DESIGN, ONE_TEACHER, PER_SEED, teacher_design
 from linvit.report import stats
 from linvit.report.claims import (CLAIMS, CONTROL_NARROWED, CONTROL_VARIANT, NOT_EVALUABLE, ClaimVerdict,
-                                  Thresholds, TestOutcome, linear_variants)
+                                  Thresholds, TestOutcome, intervals_over, linear_variants)
 from linvit.report.roles import resolve_roles
 
 _STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
@@ -53,7 +53,12 @@ def rules_markdown(config: dict) -> str:
         f"otherwise. With fewer than {s.min_seeds} seeds (`claims.min_seeds`) a test is **too few seeds**, never "
         f"holds or fails. A claim holds in a cell when all its deciding tests hold, and fails when one fails at "
         f"the Bonferroni level across them. The minimum detectable effect (MDE) is the distance from the "
-        f"threshold that the test would detect with 80% power at the cell's seeds and images.",
+        f"threshold that the test would detect with 80% power at the cell's seeds and images. For a deciding "
+        f"test that is undecided (inconclusive or too few seeds), *seeds to decide* is the number of paired "
+        f"seeds{_teachers_too(config)} at which it would hold or fail with 80% power if the truth were its "
+        f"current estimate (the seed-to-seed variance shrinking with seeds, the test images' sampling not; "
+        f"a share also needs its benefit established): what a larger run would need. Every interval is "
+        f"{claims_intervals(config)}.",
         "",
     ]
     for claim in CLAIMS:
@@ -68,23 +73,40 @@ def rules_markdown(config: dict) -> str:
                 lines.append(f"  - {role}: {what} {test.side} {_threshold_text(test.threshold, t)}")
         if claim.note:
             lines.append(f"  - {claim.note}")
-    lines.append("- **C4**: C1-C3 per linear cell; holds in a cell when all three hold, fails when one fails "
-                 "after Holm's correction across every (claim, cell) of a budget. An axis (datasets, sizes, "
-                 "variants) that the grid does not vary is *not tested*.")
+    lines.append("- **C4**: C1-C3 per linear cell and budget; holds in a cell when all three hold there (each at "
+                 f"{100 * s.alpha:g}%: holding everywhere needs every cell to hold, so no correction is needed), "
+                 "and fails there only when a claim's failure survives Holm's correction across every (claim, "
+                 f"cell, budget) of the grid, one family: a failure read anywhere, at any budget, is spurious at "
+                 f"most {100 * s.alpha:g}% of the time. An axis (datasets, sizes, variants) that the grid does not "
+                 "vary is *not tested*.")
     lines.append("- A claim is *supported* when it holds in every cell where it is judged, *not supported* when it "
                  "fails in every one, and otherwise *mixed* with the counts. Cells of the softmax control variant "
                  "decide nothing: they are shown beside the linear variants (positive control).")
     return "\n".join(lines)
 
 
-def coverage_section() -> str:
-    """The engine's calibration by simulation (linvit.report.calibration's packaged table)."""
+def coverage_section(config: dict | None = None) -> str:
+    """The engine's calibration by simulation (linvit.report.calibration's packaged table): the rows of the
+    teacher design(s) this grid uses (`teacher.seed`; a pretrained checkpoint is one teacher), all without
+    a config."""
     from linvit.report.calibration import coverage_markdown
 
+    designs = None
+    applies = ""
+    if config and config.get("sizes"):
+        used = {PER_SEED if teacher_design(config, size) == PER_SEED else ONE_TEACHER for size in config["sizes"]}
+        designs = tuple(d for d in (PER_SEED, ONE_TEACHER) if d in used)
+        per_seed = ("a teacher per seed, so the intervals cover the teacher-to-teacher variation too (the first "
+                    "table)")
+        one = ("one teacher (or checkpoint) for every seed: conditional on it the verdicts are calibrated (the "
+               "'given the teacher' columns), but read as statements about teachers in general their intervals "
+               "undercover, the more so the more seeds (the 'coverage' columns)")
+        applies = (f" This grid uses {per_seed}." if used == {PER_SEED} else f" This grid uses {one}."
+                   if used == {ONE_TEACHER} else f" Some sizes of this grid use {per_seed}; others {one}.")
     return ("The engine's calibration, by simulation of grids whose truth is known (shaped like a reference run; "
             "`python -m linvit.report.calibration` regenerates it): how often the 95% interval covers the truth, "
-            "and how often a verdict is wrong (holds where the truth fails, or the other way round).\n\n"
-            + coverage_markdown())
+            "and how often a verdict is wrong (holds where the truth fails, or the other way round)." + applies
+            + "\n\n" + coverage_markdown(designs=designs))
 
 
 def claims_markdown(verdicts: list[ClaimVerdict]) -> str:
@@ -92,7 +114,8 @@ def claims_markdown(verdicts: list[ClaimVerdict]) -> str:
     parts = []
     notes = {c.name: c.note for c in CLAIMS}
     for v in verdicts:
-        parts.append(f"### {v.claim}: {v.statement}\n\n**Verdict: {v.verdict}.** {counts_text(v.counts)}")
+        over = f" Intervals {v.intervals}." if v.intervals else ""
+        parts.append(f"### {v.claim}: {v.statement}\n\n**Verdict: {v.verdict}.**{over} {counts_text(v.counts)}")
         if v.claim == "C4":
             parts.append("\n".join(f"- across {axis}: {text}" for axis, text in v.axes.items()))
             parts += [f"- `{c.key}`: {c.outcome}" + (f" ({c.why})" if c.why else "") + " — "
@@ -100,10 +123,10 @@ def claims_markdown(verdicts: list[ClaimVerdict]) -> str:
             continue
         if notes.get(v.claim):
             parts.append(notes[v.claim])
-        rows = ["| cell | test | statistic | estimate [interval] | threshold | outcome | MDE | seeds x images |",
-                "|---|---|---|---|---|---|---|---|"]
+        rows = ["| cell | test | statistic | estimate [interval] | threshold | outcome | MDE | seeds to decide | "
+                "seeds x images |", "|---|---|---|---|---|---|---|---|---|"]
         for c in v.cells:
-            rows.append(f"| `{c.key}` | **claim** | | | | **{c.outcome}**{_why(c.why)} | | |")
+            rows.append(f"| `{c.key}` | **claim** | | | | **{c.outcome}**{_why(c.why)} | | | |")
             rows += [_test_row(c.key, t) for t in c.tests]
         parts.append("\n".join(rows))
     return "\n\n".join(parts)
@@ -117,12 +140,35 @@ def _test_row(key: str, t: TestOutcome) -> str:
     stat = _STATISTICS[t.name]
     label = stat.label + ("" if t.decides else " (reported)")
     if t.outcome == NOT_EVALUABLE:
-        return f"| | {label} | `{stat.formula()}` | n/a | | {NOT_EVALUABLE}: {t.note} | | |"
+        return f"| | {label} | `{stat.formula()}` | n/a | | {NOT_EVALUABLE}: {t.note} | | | |"
     threshold = "" if math.isnan(t.threshold) else f"{t.side} {number(t.name, t.threshold)}"
     mde = "" if math.isnan(t.mde) else number(t.name, t.mde).lstrip("+")
     note = f" ({t.note})" if t.note else ""
     return (f"| | {label} | `{stat.formula()}` | {interval(t)} | {threshold} | {t.outcome or 'reported'}{note} | "
-            f"{mde} | {t.seeds} x {t.images or 'n/a'} |")
+            f"{mde} | {seeds_text(t)} | {t.seeds} x {t.images or 'n/a'} |")
+
+
+def seeds_text(t: TestOutcome) -> str:
+    """A deciding test's seeds to decide: '12 (to fail)'; 'none at this estimate' where no number of seeds
+    would; '' for a decided test or a reported one."""
+    if not t.decides or math.isnan(t.seeds_needed):
+        return ""
+    if math.isinf(t.seeds_needed):
+        return "none at this estimate"
+    holds_side = (t.estimate <= t.threshold) == (t.side == "<=")
+    return f"{int(t.seeds_needed):,} (to {'hold' if holds_side else 'fail'})"
+
+
+def _teachers_too(config: dict) -> str:
+    """' (each with its own teacher: as many teachers)' where every size trains a teacher per seed."""
+    if config.get("sizes") and all(teacher_design(config, s) == PER_SEED for s in config["sizes"]):
+        return " (each with its own teacher: as many teachers)"
+    return ""
+
+
+def claims_intervals(config: dict) -> str:
+    """intervals_over for a full config; a generic phrase for a config of the `claims:` keys alone."""
+    return intervals_over(config) if config.get("sizes") and "seeds" in config else "over the grid's seeds"
 
 
 def counts_text(counts: dict[str, int]) -> str:
@@ -204,18 +250,20 @@ def roles_markdown(config: dict) -> str:
 
 
 def verdicts_table(verdicts: list[ClaimVerdict]) -> str:
-    """One line per claim: its verdict (the table a reader sees first)."""
+    """One line per claim: its verdict (the table a reader sees first), then what the intervals are over."""
     rows = ["| claim | verdict | cells |", "|---|---|---|"]
     rows += [f"| {v.claim} | {v.verdict} | {counts_text(v.counts).removeprefix('Cells: ').rstrip('.')} |"
              for v in verdicts]
-    return "\n".join(rows)
+    over = list(dict.fromkeys(v.intervals for v in verdicts if v.intervals))
+    return "\n".join(rows) + (f"\n\nEvery verdict's intervals are {over[0]}." if len(over) == 1 else "")
 
 
-def mde_markdown(verdicts: list[ClaimVerdict]) -> str:
+def mde_markdown(verdicts: list[ClaimVerdict], config: dict | None = None) -> str:
     """Per deciding test and cell: the smallest effect (distance from its threshold) the grid could have
-    detected with 80% power at its seeds, before any verdict is read."""
-    rows = ["| claim | test | cell | seeds x images | threshold | minimum detectable effect |",
-            "|---|---|---|---|---|---|"]
+    detected with 80% power at its seeds, before any verdict is read; and for an undecided one, the
+    seeds that would decide it with 80% power if the truth were its estimate."""
+    rows = ["| claim | test | cell | seeds x images | threshold | minimum detectable effect | seeds to decide |",
+            "|---|---|---|---|---|---|---|"]
     for v in verdicts:
         for c in v.cells:
             for t in c.tests:
@@ -224,7 +272,11 @@ def mde_markdown(verdicts: list[ClaimVerdict]) -> str:
                 mde = "n/a" if math.isnan(t.mde) else number(t.name, t.mde).lstrip("+")
                 size = f"{t.seeds} x {t.images or 'n/a'}" if t.outcome != NOT_EVALUABLE else "n/a"
                 rows.append(f"| {v.claim} | {_STATISTICS[t.name].label} | `{c.key}` | {size} | "
-                            f"{t.side} {number(t.name, t.threshold)} | {mde} |")
+                            f"{t.side} {number(t.name, t.threshold)} | {mde} | {seeds_text(t)} |")
+    teachers = _teachers_too(config or {})
     return ("The smallest effect each deciding test could have detected (80% power at the level of the verdicts), "
             "as a distance from its threshold: a true value closer to the threshold than this is likely to "
-            "read as inconclusive.\n\n" + "\n".join(rows))
+            "read as inconclusive. For an undecided test, *seeds to decide* is the number of paired seeds"
+            f"{teachers} that would decide it with 80% power if the truth were its current estimate (the test "
+            "images' sampling does not shrink with seeds, so some estimates are out of reach): what a larger "
+            "run needs.\n\n" + "\n".join(rows))

@@ -27,6 +27,7 @@ from matplotlib.ticker import LogLocator, NullFormatter, NullLocator, ScalarForm
 from linvit.grid import BENCHMARK_FIGURES, CONTROL_VARIANT, FIGURE_FORMATS, REFERENCE_INIT, REPORT_FIGURES
 from linvit.registry import SOFTMAX
 from linvit.io import atomic_path
+from linvit.report import stats
 from linvit.report.aggregate import ID_COLUMNS
 
 REFERENCE_LABEL = "softmax reference"
@@ -34,8 +35,11 @@ REFERENCE_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.2}
 SEED_COLOR, MEAN_COLOR = "0.55", "C0"
 ACCURACY_FIGURE, CURVES_FIGURE = REPORT_FIGURES[:2]
 BUDGET_FIGURE, FIDELITY_FIGURE, MAPS_FIGURE, GAP_FIGURE, COST_FIGURE, THROUGHPUT_FIGURE = REPORT_FIGURES[2:8]
-# Intervals over seeds: seaborn's percentile bootstrap, seeded so reruns draw byte-identical figures.
-SEED_CI, CI_SEED = ("ci", 95), 0
+# Intervals over seeds: the claims' t interval (linvit.report.stats.seed_interval, n - 1 degrees of
+# freedom, at the config's `claims.level`), not seaborn's percentile bootstrap, which covered 79-85% at
+# 3-5 seeds (docs/statistics.md). CI_SEED seeds the strip plot's jitter, so reruns draw identical figures.
+CI_SEED = 0
+CI_LABEL = "t interval over seeds"
 NO_DESIGN = "none"  # the design of a cell that does not distill (linvit.config.NO_DESIGN)
 (SCALING_FIGURE,) = BENCHMARK_FIGURES
 # Metadata without dates keeps reruns byte-stable.
@@ -78,7 +82,7 @@ def plotted(frame: pd.DataFrame, config: dict, budget: float | None = None) -> P
 
 def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path, budget: float | None = None) -> list[Path]:
     """Final test accuracy per init strategy and design ("init [design]"), at the largest budget of
-    the grid (or `budget`): seed points, mean with a 95% bootstrap interval over seeds, the reference
+    the grid (or `budget`): seed points, mean with its t interval over seeds (_seed_ci), the reference
     (same budget) as a dashed line."""
     grid = plotted(runs, config, budget)  # every expected cell: the grid's categories and largest budget
     ok = grid.data[grid.data["status"] == "ok"]
@@ -94,13 +98,14 @@ def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path, budg
             with _fixed_global_rng(CI_SEED):  # stripplot jitters with np.random's global state
                 sns.stripplot(data=data, x="line", y="test_acc", order=labels, ax=ax, color=SEED_COLOR, size=4,
                               jitter=0.12)
-            sns.pointplot(data=data, x="line", y="test_acc", order=labels, ax=ax, errorbar=SEED_CI, seed=CI_SEED,
+            sns.pointplot(data=data, x="line", y="test_acc", order=labels, ax=ax, errorbar=_seed_ci(config),
                           color=MEAN_COLOR, linestyle="none", markers="_", markersize=14, err_kws={"linewidth": 1.2})
         if not reference.empty:
             ax.axhline(reference.mean(), **REFERENCE_STYLE)
         ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right")
     handles = [Line2D([], [], color=SEED_COLOR, marker="o", linestyle="none", markersize=4, label="seed"),
-               Line2D([], [], color=MEAN_COLOR, marker="_", linestyle="none", markersize=14, label="mean, 95% CI over seeds")]
+               Line2D([], [], color=MEAN_COLOR, marker="_", linestyle="none", markersize=14,
+                      label=f"mean, {_level_text(config)} {CI_LABEL}")]
     if _is_reference(ok).any():
         handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
     at = _at_steps(grid.budget)
@@ -674,7 +679,7 @@ def cost_to_accuracy(runs: pd.DataFrame, config: dict, out_dir: str | Path,
     """Test accuracy against cost, one line per init strategy [design] through its budgets, the softmax
     reference dashed black: above against steps (student steps, plus the distillation's for a distilled
     strategy), below against wall-clock seconds of training plus distillation; the teacher's
-    pretraining is shared and not counted. Points: mean over seeds, bars: 95% bootstrap CI over seeds.
+    pretraining is shared and not counted. Points: mean over seeds, bars: their t interval over seeds.
     A grid of one budget has one point per line that way: given `curves`, its lines then go through
     each run's evaluations along training instead (cost_frame_along)."""
     along = curves is not None and _with_axes(runs)["budget"].nunique(dropna=False) <= 1 and not curves.empty
@@ -699,11 +704,11 @@ def cost_to_accuracy(runs: pd.DataFrame, config: dict, out_dir: str | Path,
                 continue
             if not mine.empty:
                 sns.lineplot(data=mine, x=x, y="test_acc", hue="line", hue_order=labels, palette=palette,
-                             errorbar=SEED_CI, seed=CI_SEED, err_style="bars", marker="o", markersize=4, ax=ax,
+                             errorbar=_seed_ci(config), err_style="bars", marker="o", markersize=4, ax=ax,
                              legend=False)
                 drawn.update(mine["line"])
             if not reference.empty:
-                sns.lineplot(data=reference, x=x, y="test_acc", errorbar=SEED_CI, seed=CI_SEED, err_style="bars",
+                sns.lineplot(data=reference, x=x, y="test_acc", errorbar=_seed_ci(config), err_style="bars",
                              marker="o", markersize=3, ax=ax, legend=False, **REFERENCE_STYLE)
                 reference_drawn = True
             if (pd.concat([mine[x], reference[x]]) > 0).all():
@@ -715,7 +720,7 @@ def cost_to_accuracy(runs: pd.DataFrame, config: dict, out_dir: str | Path,
         handles.append(Line2D([], [], label=REFERENCE_LABEL, **REFERENCE_STYLE))
     if handles:
         handles.append(Line2D([], [], color="0.3", marker="|", linestyle="none", markersize=8,
-                              label="95% CI over seeds"))
+                              label=f"{_level_text(config)} {CI_LABEL}"))
         fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), frameon=False)
     return save_figure(fig, Path(out_dir) / COST_FIGURE)
 
@@ -723,7 +728,7 @@ def cost_to_accuracy(runs: pd.DataFrame, config: dict, out_dir: str | Path,
 def accuracy_vs_throughput(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
     """Test accuracy at the grid's largest budget against measured forward throughput (`throughput_img_s`
     of eval.json, log axis), one marker per (operator, init strategy [design]): colour = init [design],
-    shape = operator, the softmax reference a black star. Means over seeds, bars: 95% bootstrap CI of
+    shape = operator, the softmax reference a black star. Means over seeds, bars: the t interval of
     the accuracy over seeds. One panel per dataset (and size): the operators side by side, so the
     trade-off a user buys (speed against accuracy) reads across a panel."""
     budget = _largest_budget(_with_axes(runs))  # the grid's, as in accuracy_by_init
@@ -744,7 +749,7 @@ def accuracy_vs_throughput(runs: pd.DataFrame, config: dict, out_dir: str | Path
     # Seeds share their cell's mean throughput as x, so seaborn's interval is over seeds (accuracy only).
     ok["throughput"] = ok.groupby(["dataset", "size", "variant", "init", "design"])["throughput"].transform("mean")
     ok = ok.assign(line=[_line_label(p) for p in zip(ok["init"], ok["design"])])
-    common = dict(x="throughput", y="test_acc", errorbar=SEED_CI, seed=CI_SEED, err_style="bars", legend=False,
+    common = dict(x="throughput", y="test_acc", errorbar=_seed_ci(config), err_style="bars", legend=False,
                   err_kws={"capsize": 2})
     for (dataset, size), (r, c) in panels.items():
         ax = axes[r][c]
@@ -774,8 +779,18 @@ def accuracy_vs_throughput(runs: pd.DataFrame, config: dict, out_dir: str | Path
         fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), frameon=False)
     at = _at_steps(budget)
     fig.suptitle("Accuracy against throughput" + (f" at the largest budget: {at}" if at else "")
-                 + " (mean, 95% CI over seeds)")
+                 + f" (mean, {_level_text(config)} {CI_LABEL})")
     return save_figure(fig, Path(out_dir) / THROUGHPUT_FIGURE)
+
+
+def _seed_ci(config: dict):
+    """seaborn's `errorbar`: the claims' t interval over seeds at the config's level (stats.seed_interval)."""
+    level = stats.Settings.from_config(config).level
+    return lambda values: stats.seed_interval(values, level)
+
+
+def _level_text(config: dict) -> str:
+    return f"{100 * stats.Settings.from_config(config).level:g}%"
 
 
 def _dataset_panels(config: dict) -> dict[tuple[str, str], tuple[int, int]]:

@@ -23,7 +23,7 @@ from linvit.grid import (REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_
 from linvit.io import read_json, write_text
 from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, benchmark_jobs, collect, rule_costs,
                                      write_csv)
-from linvit.report.claims import CONTROL_VARIANT, ClaimVerdict, evaluate_claims
+from linvit.report.claims import CONTROL_VARIANT, ClaimVerdict, evaluate_claims, intervals_over
 from linvit.report.claims_text import (budget_markdown, claims_markdown, control_markdown, coverage_section,
                                        mde_markdown, roles_markdown, rules_markdown, verdicts_table)
 from linvit.report.roles import COPY_MLP_DISTILL, resolve_roles
@@ -107,7 +107,7 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
     sections = [
         "# linvit report\n\nRegenerated from `results/` by `linvit.report`; every number below comes from the "
         "runs' own result files. Accuracies are top-1 on each target's test split; std is over seeds.",
-        "## Scale\n\n" + scale_markdown(config, runs, results) + "\n\n" + mde_markdown(verdicts),
+        "## Scale\n\n" + scale_markdown(config, runs, results) + "\n\n" + mde_markdown(verdicts, config),
         "## Verdicts\n\n" + verdicts_table(verdicts) + "\n\nEach claim's tests, intervals and minimum detectable "
         "effects are under [Claims](#claims); the softmax control under [Positive control](#positive-control).",
         "## Grid covered\n\n" + _grid_section(config, runs),
@@ -115,7 +115,7 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
         + _markdown(summary_table),
         "## Figures\n\n" + _figures_section(figures),
         "## Claims\n\n" + _roles_section(config) + "\n\n### How the verdicts are reached\n\n"
-        + rules_markdown(config) + "\n\n" + coverage_section() + "\n\n" + _budgets_section(verdicts)
+        + rules_markdown(config) + "\n\n" + coverage_section(config) + "\n\n" + _budgets_section(verdicts)
         + claims_markdown(verdicts),
         "## Positive control\n\n" + control_markdown(verdicts, config),
         "## Distillation designs and baselines\n\n" + _designs_section(designs, config),
@@ -164,7 +164,8 @@ def scale_markdown(config: dict, runs: pd.DataFrame, results: str | Path) -> str
                          f"{epoch}; {n_test:,} test images" if n_test else
                          f"- Target `{dataset}`: each student sees {budget} steps x {batch} = {seen:,} images{epoch}")
     seeds = len(config["seeds"])
-    lines.append(f"- {seeds} seed{'s' if seeds != 1 else ''} per cell (the unit of replication).")
+    lines.append(f"- {seeds} seed{'s' if seeds != 1 else ''} per cell (the unit of replication). The verdicts' "
+                 f"intervals are {intervals_over(config)}.")
     return ("\n".join(lines) + "\n\nAt this scale the verdicts test whether the paper's effects appear in small "
             "ViTs trained for a fraction of an epoch, with teachers pretrained by the harness; they cannot say "
             "whether the effects hold for DeiT/ViT models pretrained on ImageNet and trained to convergence, where "
@@ -318,7 +319,8 @@ def _scaling_section(path: Path, report_dir: Path) -> tuple[str, list[Path]]:
 # One sentence under each figure (linvit.report.figures says how each is drawn).
 CAPTIONS = {
     "accuracy_by_init": "Final test accuracy per init strategy [design] at the grid's largest budget: seeds as "
-                        "points, the mean with its 95% bootstrap interval over seeds, the softmax reference dashed.",
+                        "points, the mean with its t interval over seeds (the claims' level, `claims.level`), the "
+                        "softmax reference dashed.",
     "training_curves": "Test accuracy against training step per init strategy [design] at the grid's largest budget "
                        "(band: std over seeds), the softmax reference dashed.",
     "accuracy_by_budget": "Test accuracy against the training budget (log2 axis), one line per init strategy and "
@@ -332,10 +334,10 @@ CAPTIONS = {
     "cost_to_accuracy": "Test accuracy against cost, one line per init strategy [design] through its budgets (with "
                         "one budget: through each run's evaluations along training), the softmax reference dashed: "
                         "against steps (a distilled strategy's distillation steps added) and against train + distill "
-                        "seconds; bars are 95% bootstrap intervals over seeds.",
+                        "seconds; bars are t intervals over seeds (the claims' level).",
     "accuracy_vs_throughput": "Test accuracy at the largest budget against measured forward throughput (images/s on "
                               "the evaluating machine), per operator and init strategy [design], the softmax "
-                              "reference a star; bars are 95% bootstrap intervals over seeds.",
+                              "reference a star; bars are t intervals over seeds (the claims' level).",
 }
 
 

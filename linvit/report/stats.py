@@ -34,7 +34,10 @@ level) / 2, so a test holds or fails exactly when the level interval lies wholly
 threshold. A ratio whose denominator is not established positive is inconclusive (no p-values).
 Fewer than `min_seeds` paired seeds (default 3): "too few seeds", never holds or fails. `mde` is
 the distance from the threshold that the test would detect with 80% power,
-(t(1 - alpha, n - 1) + t(0.8, n - 1)) x SE (a share's: over the mean denominator).
+(t(1 - alpha, n - 1) + t(0.8, n - 1)) x SE (a share's: over the mean denominator). An undecided test
+(inconclusive, too few seeds) gives `seeds_needed`: the paired seeds m at which it would decide with
+80% power if the truth were its estimate, with SE(m)^2 = per-seed variance / m + the images' part
+(which more seeds do not shrink); a share also needs its denominator established.
 
 A claim with several deciding tests holds when all hold (an intersection-union test, at alpha with
 no correction) and fails when one fails at alpha / k (Bonferroni, Holm's first step). The method's
@@ -43,6 +46,7 @@ calibration by simulation is linvit.report.calibration (docs/statistics.md).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -194,6 +198,9 @@ class TestResult:
     side: str
     mde: float
     note: str = ""
+    # Undecided tests (inconclusive, too few seeds): the paired seeds that would decide it with POWER if
+    # the truth were the current estimate (seeds_needed); inf where no number of seeds would; NaN else.
+    seeds_needed: float = math.nan
 
 
 class _Moments:
@@ -225,12 +232,23 @@ class _Moments:
     def project(self, parts: Sequence[Contrast]) -> tuple[np.ndarray, np.ndarray]:
         """The contrasts' means and the covariance of those means: seed part plus image part, the image
         part's negative directions set to 0 (its unbiased estimate can dip below 0 when it is tiny)."""
+        means, seed, image = self.project_parts(parts)
+        return means, seed + image
+
+    def project_parts(self, parts: Sequence[Contrast]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The contrasts' means, and their covariance's seed part (which shrinks as 1 / seeds) and image
+        part (which does not: every seed shares the test images), apart."""
         unknown = {r for p in parts for r in p} - set(self.roles)
         if unknown:
             raise KeyError(f"no runs of {', '.join(sorted(unknown))} in the sample")
         w = np.array([[float(p.get(r, 0.0)) for r in self.roles] for p in parts])
-        vals, vecs = np.linalg.eigh(w @ self.image @ w.T)
-        return w @ self.means, w @ self.seed @ w.T + (vecs * np.clip(vals, 0.0, None)) @ vecs.T
+        image = w @ self.image @ w.T
+        if len(parts) == 1:
+            image = np.clip(image, 0.0, None)
+        else:
+            vals, vecs = np.linalg.eigh(image)
+            image = (vecs * np.clip(vals, 0.0, None)) @ vecs.T
+        return w @ self.means, w @ self.seed @ w.T, image
 
 
 def _moments(sample: Sample) -> _Moments:
@@ -240,6 +258,7 @@ def _moments(sample: Sample) -> _Moments:
     return cached[1]
 
 
+@functools.lru_cache(maxsize=4096)
 def _quantile(p: float, df: float) -> float:
     """The t distribution's p quantile (scipy.special: a ufunc, ~100x quicker than scipy.stats.t)."""
     return float(special.ndtri(p) if math.isinf(df) else special.stdtrit(df, p))
@@ -258,9 +277,14 @@ def _p_below(mean: float, se: float, df: float) -> float:
 
 def _statistic(sample: Sample, numerator: Contrast, denominator: Contrast | None):
     """(n, N, means, covariance) of the numerator (and denominator) contrast."""
+    n, N, means, seed, image = _statistic_parts(sample, numerator, denominator)
+    return n, N, means, seed + image
+
+
+def _statistic_parts(sample: Sample, numerator: Contrast, denominator: Contrast | None):
+    """(n, N, means, the covariance's seed part, its image part) of the numerator (and denominator)."""
     m = _moments(sample)
-    means, cov = m.project([numerator] if denominator is None else [numerator, denominator])
-    return m.n, m.N, means, cov
+    return m.n, m.N, *m.project_parts([numerator] if denominator is None else [numerator, denominator])
 
 
 def _se(cov: np.ndarray, w: Sequence[float]) -> float:
@@ -270,9 +294,12 @@ def _se(cov: np.ndarray, w: Sequence[float]) -> float:
 
 def estimate(sample: Sample, numerator: Contrast, denominator: Contrast | None, settings: Settings) -> Estimate:
     """A difference's t interval or a ratio's Fieller interval at `settings.level` (see the module doc)."""
-    n, N, means, cov = _statistic(sample, numerator, denominator)
+    return _estimate(*_statistic(sample, numerator, denominator), denominator is not None, settings)
+
+
+def _estimate(n: int, N: int, means: np.ndarray, cov: np.ndarray, ratio_of: bool, settings: Settings) -> Estimate:
     level, df = settings.level, float(n - 1)
-    if denominator is None:
+    if not ratio_of:
         mean = float(means[0])
         if n < 2:
             return Estimate(mean, math.nan, math.nan, level, math.nan, math.nan, n, N)
@@ -302,14 +329,39 @@ def estimate(sample: Sample, numerator: Contrast, denominator: Contrast | None, 
     return Estimate(ratio, low, high, level, se, df, n, N)
 
 
+MAX_SEEDS = 100_000  # seeds_needed: more than this reads as unreachable
+
+
+def seeds_needed(distance: float, per_seed: float, image: float, settings: Settings) -> float:
+    """The fewest paired seeds m (at least min_seeds) at which a one-sided t test at alpha detects a true
+    contrast `distance` from 0 with POWER, (t(1 - alpha, m - 1) + t(POWER, m - 1)) x SE(m) <= distance,
+    where SE(m)^2 = per_seed / m + image: the seed-to-seed variance of one seed's paired value shrinks with
+    seeds, the test images' sampling (`image`, the variance of the mean over images) does not. inf when no
+    number of seeds reaches it (the estimate at the threshold, or the images' part alone too wide)."""
+    if not distance > 0 or not math.isfinite(distance):
+        return math.inf
+    z = _quantile(1 - settings.alpha, math.inf) + _quantile(POWER, math.inf)
+    room = (distance / z) ** 2 - image  # what the seed part may take, at normal quantiles (a lower bound)
+    if not room > 0:
+        return math.inf
+    m = max(settings.min_seeds, 2, math.floor(per_seed / room))
+    while m <= MAX_SEEDS:
+        if (_quantile(1 - settings.alpha, m - 1) + _quantile(POWER, m - 1)) * math.sqrt(per_seed / m + image) \
+                <= distance:
+            return float(m)
+        m = m + 1 if m < 1000 else math.ceil(m * 1.01)  # t quantiles settle: coarser steps far out
+    return math.inf
+
+
 def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, threshold: float, side: str,
          settings: Settings) -> TestResult:
     """The claim `numerator [/ denominator] <side> threshold` (side '<=' or '>='), by one-sided t tests
     of its contrast on each side (see the module doc)."""
     if side not in ("<=", ">="):
         raise ValueError(f"side must be '<=' or '>=', got {side!r}")
-    est = estimate(sample, numerator, denominator, settings)
-    n, _, means, cov = _statistic(sample, numerator, denominator)
+    n, N, means, seed, image = _statistic_parts(sample, numerator, denominator)
+    cov = seed + image
+    est = _estimate(n, N, means, cov, denominator is not None, settings)  # one projection for both
     if n < 2:
         return TestResult(TOO_FEW, math.nan, math.nan, est, threshold, side, math.nan)
     df = float(n - 1)
@@ -339,7 +391,34 @@ def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, thre
         outcome = FAILS
     else:
         outcome = INCONCLUSIVE
-    return TestResult(outcome, p_holds, p_fails, est, threshold, side, mde, note)
+    needed = math.nan
+    if outcome in (INCONCLUSIVE, TOO_FEW):
+        needed = _seeds_needed(n, means, seed, image, denominator is not None, threshold, mean, settings)
+    return TestResult(outcome, p_holds, p_fails, est, threshold, side, mde, note, needed)
+
+
+def _seeds_needed(n: int, means: np.ndarray, seed: np.ndarray, image: np.ndarray, ratio_of: bool,
+                  threshold: float, mean: float, settings: Settings) -> float:
+    """seeds_needed for the test's contrast num - threshold x den at its current estimate `mean` (either
+    side: to hold or to fail), from the projection's seed and image parts; a share needs its denominator
+    established positive too (the larger of the two)."""
+    w = np.array([1.0, -threshold] if ratio_of else [1.0])
+    needed = seeds_needed(abs(mean), n * float(w @ seed @ w), float(w @ image @ w), settings)
+    if ratio_of:
+        needed = max(needed, seeds_needed(float(means[1]), n * float(seed[1, 1]), float(image[1, 1]), settings))
+    return needed
+
+
+def seed_interval(values: Sequence[float], level: float = DEFAULTS["level"]) -> tuple[float, float]:
+    """The `level` t interval of a mean over seeds, mean +- t(1 - alpha, n - 1) x sd / sqrt(n): the claims'
+    interval for one role's accuracy when only its per-seed accuracies are at hand (the figures). NaN
+    bounds below two values."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if len(x) < 2:
+        return math.nan, math.nan
+    half = _quantile(1 - (1 - level) / 2, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
+    return float(x.mean()) - half, float(x.mean()) + half
 
 
 def combine(results: Sequence, settings: Settings) -> str:
@@ -356,6 +435,15 @@ def combine(results: Sequence, settings: Settings) -> str:
     if all(o == HOLDS for o in outcomes):
         return HOLDS
     return TOO_FEW if TOO_FEW in outcomes else INCONCLUSIVE
+
+
+def combined_p_fails(results: Sequence) -> float:
+    """The claim's p-value against it holding, as `combine` reads it: k x the smallest p_fails (Bonferroni
+    over its k deciding tests, capped at 1) among the tests that can decide (not too few seeds) and have
+    one (a share whose denominator is not established has none); NaN when none does. Independent of the
+    tests' order, so combine's "fails" and this p-value at alpha always agree."""
+    usable = [r.p_fails for r in results if r.outcome != TOO_FEW and not math.isnan(r.p_fails)]
+    return min(1.0, len(results) * min(usable)) if usable else math.nan
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:

@@ -16,6 +16,7 @@ path functions take plain strings, so the rules pass Snakemake wildcards ("{size
                                                          (.../softmax/reference/none/...); softmax
                                                          control students: .../softmax/<init>/<design>/...
     results/logs/<rule>/...log, results/benchmarks/<rule>/...tsv   per job
+    <a trained model's folder>/tb/                       its TensorBoard events (EVENTS; linvit.events)
     results/benchmark/attention.csv                      the operator benchmark (rule benchmark)
     results/runs.csv, results/curves.csv, report/...     the report (report_files)
 """
@@ -109,6 +110,10 @@ DISTILL_FILES = MODEL_FILES
 # Files of a stage-2 folder (students and the softmax reference): a trained model's, plus every test
 # image's prediction from the final evaluation (linvit.predictions), which the claims' statistics pair.
 STUDENT_FILES = (*MODEL_FILES, "predictions.npz")
+# The subfolder of a trained model's folder (teacher, distillation, student, reference) where its
+# TensorBoard event files go (linvit.events): never a declared output, so `tensorboard --logdir results/`
+# shows every run of a grid while it trains.
+EVENTS = "tb"
 
 
 def run_key(dataset: str, size: str, variant: str, init: str, seed, design, budget) -> str:

@@ -17,7 +17,8 @@ or without events. The writer is closed before the step writes metrics.json (the
 run); a killed job leaves at most a truncated last event, which TensorBoard skips. Every checkpoint
 flushes the events first, so a run that resumes from its checkpoint at step S finds its steps up to S
 on disk; it opens a new event file with purge_step S + 1, so TensorBoard hides what the killed attempt
-logged after S (redone now). A run that starts afresh removes the folder first.
+logged after S (redone now). A run that starts afresh removes the folder first. A write that fails
+(a full disk) ends the run's events with one line on stderr; the run itself goes on.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class RunEvents:
         if fresh:
             shutil.rmtree(folder, ignore_errors=True)  # a killed attempt's events: this run redoes them
         folder.mkdir(parents=True, exist_ok=True)
-        self.offset, self.batch_size = offset, batch_size
+        self.folder, self.offset, self.batch_size = folder, offset, batch_size
         self.writer = _writer(folder, purge_step=None if fresh else offset + step + 1)
         self.last = (step, seconds)  # (step, training seconds) at the last logged step
 
@@ -101,19 +102,34 @@ class RunEvents:
             self._add(scalars({k: v for k, v in result.items() if k != "samples"}, "eval"), step)
 
     def _add(self, values: dict, step: int) -> None:
-        for tag, value in values.items():
-            if math.isfinite(value):
-                self.writer.add_scalar(tag, value, self.offset + step)
+        def add(writer):
+            for tag, value in values.items():
+                if math.isfinite(value):
+                    writer.add_scalar(tag, value, self.offset + step)
+
+        self._write(add)
 
     def flush(self) -> None:
         """Onto the disk: at a checkpoint, so that a resumed run finds every step up to it."""
-        if self.writer is not None:
-            self.writer.flush()
+        self._write(lambda writer: writer.flush())
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        self._write(lambda writer: writer.close())
+        self.writer = None
+
+    def _write(self, action) -> None:
+        """`action(writer)`; a failure (a full disk) ends the events with one line on stderr, never the run."""
+        if self.writer is None:
+            return
+        try:
+            action(self.writer)
+        except Exception as err:  # the writer's thread re-raises what failed there: OSError and others
+            _stopped(self.folder, err)
+            writer, self.writer = self.writer, None
+            try:
+                writer.close()
+            except Exception:
+                pass
 
 
 class NoEvents:
@@ -146,5 +162,11 @@ def write_evaluation(run_dir: str | Path, step: int, values: dict[str, float]) -
         for tag, value in values.items():
             if math.isfinite(value):
                 writer.add_scalar(tag, value, step)
-    finally:
         writer.close()
+    except Exception as err:  # as RunEvents._write: the evaluation's own result (eval.json) comes first
+        _stopped(folder, err)
+
+
+def _stopped(folder: Path, err: BaseException) -> None:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    print(f"linvit: TensorBoard events in {folder} stopped ({text}); the run goes on", file=sys.stderr)

@@ -161,3 +161,24 @@ def test_every_run_writes_its_curves_and_its_evaluation_for_tensorboard(world, t
     run_evaluate(CONFIG, student, world / "teacher", world / "synthetic", student / "eval.json")
     assert len(events(student).Scalars("fidelity/kl/block0")) == 1
     assert len(list((student / "tb").glob("*.evaluate"))) == 1
+
+
+def test_a_failing_event_writer_ends_the_events_not_the_run(tmp_path, monkeypatch, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from linvit.events import RunEvents
+
+    events = RunEvents(tmp_path / "tb", batch_size=4, resumed=False)
+    events.train(1, 1.0, 1e-3, 0.1)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", full_disk)
+    events.train(2, 0.9, 1e-3, 0.2)
+    events.evaluation(2, {"test_acc": 0.5})  # nothing more is tried
+    events.flush()
+    events.close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"TensorBoard events in {tmp_path / 'tb'} stopped" in err
+    assert "No space left on device" in err

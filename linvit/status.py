@@ -4,7 +4,8 @@ The jobs are `linvit.grid.jobs(config)`, the list the workflow's DAG is checked 
 (tests/test_workflow.py), so a rule added to or removed from the workflow is one change there. Each
 job is, in this order:
 
-    finished     every output it declares exists and Snakemake does not mark one incomplete
+    finished     every output it declares exists, Snakemake does not mark one incomplete, and no job
+                 it reads failed
     running      a process of this machine runs its command (which names its log), or Slurm holds
                  its job (squeue), or, where neither can be asked, Snakemake runs and has started it
     interrupted  Snakemake started it (.snakemake/incomplete/) and nothing runs it: a killed run; the

@@ -151,6 +151,18 @@ def cmd_report(args):
     print(f"report: wrote {len(paths)} files under {args.out}")
 
 
+def cmd_status(args):
+    from pathlib import Path
+
+    from .config import load_config, validate
+    from .status import collect, render
+
+    config = validate(load_config(args.config))
+    if not Path(args.directory).is_dir():
+        raise ValueError(f"--directory {args.directory}: no such folder (the project folder Snakemake runs in)")
+    print(render(collect(config, args.directory), args.config, every=args.every), end="")
+
+
 def cmd_mini_paper_inputs(args):
     from .config import validate
     from .mini_paper import make_inputs
@@ -264,6 +276,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_convert_parser(sub)  # linvit convert: a teacher in, a linear ViT checkpoint and its summary out
     command("report", cmd_report, "aggregate results/ into tables, figures and claim verdicts",
             "results", "out", computes=False)
+    status = sub.add_parser("status", help="where a grid stands, during or after a run: per rule its jobs finished, "
+                                           "running, interrupted, failed (with the log's error line), blocked and "
+                                           "to run; the time so far and an estimate of what remains")
+    status.add_argument("--config", default="workflow/config/default.yaml",
+                        help="the grid's config (default: workflow/config/default.yaml)")
+    status.add_argument("--directory", "-d", default=".", help="the project folder Snakemake runs in (default: here)")
+    status.add_argument("--all", dest="every", action="store_true",
+                        help="list every job of each rule (default: those running, interrupted, failed or blocked)")
+    status.set_defaults(fn=cmd_status, config_json=None)
     mini = sub.add_parser("mini-paper-inputs", help="make mini_paper.yaml's JPEG ImageFolders and teacher file "
                                                     "from data available offline")
     mini.add_argument("--config", default="workflow/config/mini_paper.yaml")
@@ -332,9 +353,14 @@ def main(argv=None) -> int:
     return code
 
 
-def _run(argv) -> int:
-    from .train import TrainingDiverged
+def _one_line_error(err: BaseException) -> bool:
+    """A user's mistake or a diverged run (linvit.train.TrainingDiverged, which only a command that
+    imported the training loop raises: the torch-free commands do not import it to ask)."""
+    train = sys.modules.get("linvit.train")
+    return isinstance(err, (ValueError, OSError)) or (train is not None and isinstance(err, train.TrainingDiverged))
 
+
+def _run(argv) -> int:
     args = build_parser().parse_args(argv)
     try:
         if hasattr(args, "threads"):
@@ -343,7 +369,9 @@ def _run(argv) -> int:
     except KeyboardInterrupt:
         print("linvit: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, TrainingDiverged) as err:
+    except Exception as err:
+        if not _one_line_error(err):
+            raise
         # A user's mistake or a diverged run: one line, no traceback.
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"linvit: error: {msg}", file=sys.stderr)

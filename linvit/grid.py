@@ -16,6 +16,7 @@ path functions take plain strings, so the rules pass Snakemake wildcards ("{size
                                                          (.../softmax/reference/none/...); softmax
                                                          control students: .../softmax/<init>/<design>/...
     results/logs/<rule>/...log, results/benchmarks/<rule>/...tsv   per job
+    <a trained model's folder>/tb/                       its TensorBoard events (EVENTS; linvit.events)
     results/benchmark/attention.csv                      the operator benchmark (rule benchmark)
     results/runs.csv, results/curves.csv, report/...     the report (report_files)
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import NO_DESIGN, REFERENCE_INIT, budgets, designs, teacher_seed
+from .config import NO_DESIGN, REFERENCE_INIT, budgets, designs, kd_reference, teacher_seed, trained_sizes
 from .registry import SOFTMAX
 
 # The softmax reference runs the teacher's own attention; it is identified by its init (REFERENCE_INIT),
@@ -110,6 +111,10 @@ DISTILL_FILES = MODEL_FILES
 # image's prediction from the final evaluation (linvit.predictions), which the claims' statistics pair,
 # and the evaluation the same job makes of the trained model (eval.json: fidelity, parameters, throughput).
 STUDENT_FILES = (*MODEL_FILES, "predictions.npz", "eval.json")
+# The subfolder of a trained model's folder (teacher, distillation, student, reference) where its
+# TensorBoard event files go (linvit.events): never a declared output, so `tensorboard --logdir results/`
+# shows every run of a grid while it trains.
+EVENTS = "tb"
 
 
 def run_key(dataset: str, size: str, variant: str, init: str, seed, design, budget) -> str:
@@ -230,3 +235,81 @@ def distill_cells(config: dict) -> list[Cell]:
 
 def all_cells(config: dict) -> list[Cell]:
     return reference_cells(config) + student_cells(config)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of the workflow's DAG, as workflow/rules/*.smk declare it: its rule, its key (the path
+    below the rule's log and benchmark folders), the files it writes, its log and Snakemake benchmark
+    file, and the jobs whose outputs it reads (`needs`, as Job.name)."""
+
+    rule: str
+    key: str
+    outputs: tuple[str, ...]
+    log: str
+    benchmark: str | None = None
+    needs: tuple[str, ...] = ()
+    cell: Cell | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.rule} {self.key}"
+
+
+def jobs(config: dict, results: str | Path = RESULTS, report: str | Path = REPORT,
+         with_benchmark: bool = False) -> list[Job]:
+    """Every job `snakemake` runs for a config (but `all`), in an order where a job comes after those it
+    needs: shards, teachers, distillations, softmax references, students (each evaluating its model),
+    the report.
+    `with_benchmark`: whether the operator benchmark's CSV exists (the report then draws one more
+    figure). tests/test_workflow.py checks this list against the jobs a dry run plans."""
+    trained = trained_sizes(config)
+    teacher_data = [config["teacher"]["dataset"]] if trained else []
+    datasets = list(dict.fromkeys([*config["targets"], *teacher_data]))
+    shards = {d: Job("shards", d, (shards_dir(d, results),), log_path("shards", d, results)) for d in datasets}
+    out = list(shards.values())
+    teachers = {}
+    for size in config["sizes"]:
+        for seed in config["seeds"]:
+            t = teacher_seed(config, size, seed)
+            key = teacher_key(size, t)
+            if key not in teachers:
+                folder = teacher_dir(size, t, results)
+                teachers[key] = (Job("teacher_pretrained", key, _files(folder, PRETRAINED_FILES),
+                                     log_path("teacher", key, results), benchmark_path("teacher", key, results))
+                                 if t is None else
+                                 Job("teacher", key, _files(folder, MODEL_FILES), log_path("teacher", key, results),
+                                     benchmark_path("teacher", key, results), (shards[teacher_data[0]].name,)))
+    out += teachers.values()
+
+    def inputs(cell: Cell) -> tuple[str, ...]:  # shards and the teacher every cell's jobs read
+        return shards[cell.dataset].name, teachers[teacher_key(cell.size, teacher_seed(config, cell.size,
+                                                                                      cell.seed))].name
+
+    distills = {}
+    for c in distill_cells(config):
+        distills[c.distill_key] = Job("distill", c.distill_key, _files(
+            distill_dir(c.dataset, c.size, c.variant, c.init, c.design, c.seed, results), DISTILL_FILES),
+            log_path("distill", c.distill_key, results), benchmark_path("distill", c.distill_key, results),
+            inputs(c), c)
+    out += distills.values()
+    trains = {}
+    for c in all_cells(config):  # the references first: a student of logit losses may read one
+        needs = inputs(c)
+        if c.distills:
+            needs += (distills[c.distill_key].name,)
+        if not c.is_reference and kd_reference(config, c.init, c.dataset, c.size):
+            reference = Cell(c.dataset, c.size, REFERENCE_VARIANT, REFERENCE_INIT, c.seed, NO_DESIGN, c.budget)
+            needs += (trains[reference.key].name,)
+        trains[c.key] = Job(c.rule, c.key, _files(c.run_dir(results), STUDENT_FILES), str(c.log_path(results)),
+                            str(c.benchmark_path("students", results)), needs, c)
+    out += trains.values()
+    # The report reads every training job's files (eval.json among a stage-2 job's) and benchmark.
+    read = [*teachers.values(), *distills.values(), *trains.values()]
+    out.append(Job("report", "all", tuple(report_files(with_benchmark, report, results)),
+                   log_path("report", "all", results), None, tuple(job.name for job in read)))
+    return out
+
+
+def _files(folder: str | Path, names) -> tuple[str, ...]:
+    return tuple(f"{folder}/{name}" for name in names)

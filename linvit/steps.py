@@ -29,6 +29,7 @@ from .device import Runtime, cpu_runtime
 from .distill import DistillTask
 from .losses import Objective, parse_terms
 from .evaluate import accuracy, attention_report, parameter_counts, throughput
+from .events import events_dir as run_events_dir, scalars, write_evaluation
 from .io import code_version, file_sha256, provenance, read_json, remove_stale_temps, write_json, write_safetensors
 from .models import build_vit, model_name
 from .predictions import PREDICTIONS, split_digest, write_predictions
@@ -363,10 +364,12 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, init: str, 
         if len(phases) == 1:
             summaries.append(fit(task, train, data, out_dir, seed=seed, desc=desc, fingerprint=fingerprint,
                                  runtime=runtime))
-        else:
+        else:  # each phase in a folder of its own; one curve in the distillation's events
             summaries.append(_fit_phase(task, train, data, out_dir / f"phase{i}", seed=seed,
                                         desc=f"{desc} phase {i + 1}/{len(phases)}",
-                                        fingerprint={**fingerprint, "phase": i}, runtime=runtime))
+                                        fingerprint={**fingerprint, "phase": i}, runtime=runtime,
+                                        events_dir=run_events_dir(out_dir),
+                                        events_offset=sum(s["steps"] for s in summaries)))
     if len(phases) > 1:
         _join_phase_logs(out_dir, len(phases), runtime)
     summary = {**summaries[-1], "steps": sum(s["steps"] for s in summaries),
@@ -386,7 +389,7 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, init: str, 
 
 
 def _fit_phase(task, spec: TrainSpec, data, phase_dir: Path, *, seed: int, desc: str, fingerprint: dict,
-               runtime: Runtime) -> dict:
+               runtime: Runtime, events_dir: Path, events_offset: int) -> dict:
     """One phase of a multi-phase design, in its own folder: a finished phase (its summary.json) is
     loaded rather than rerun, so a killed job resumes in the phase it was in."""
     done = phase_dir / "summary.json"
@@ -394,7 +397,8 @@ def _fit_phase(task, spec: TrainSpec, data, phase_dir: Path, *, seed: int, desc:
         summary = read_json(done, what="phase summary")
         task.model.load_state_dict(_load_tensors(phase_dir / "model.safetensors", "phase weights"))
         return summary
-    summary = fit(task, spec, data, phase_dir, seed=seed, desc=desc, fingerprint=fingerprint, runtime=runtime)
+    summary = fit(task, spec, data, phase_dir, seed=seed, desc=desc, fingerprint=fingerprint, runtime=runtime,
+                  events_dir=events_dir, events_offset=events_offset)
     if runtime.world.main:
         write_safetensors(phase_dir / "model.safetensors", {k: v.cpu() for k, v in task.model.state_dict().items()})
         publish_log(phase_dir)
@@ -508,7 +512,7 @@ def run_evaluate(config: dict, run_dir, teacher_dir, shards_dir, out_path, runti
     model, _ = load_model(run_dir)
     data, teacher, _, _ = _teacher(config, metrics["dataset"], metrics["size"], teacher_dir, shards_dir, runtime)
     result = _evaluation(config, metrics, model, teacher, data, runtime)
-    write_json(out_path, result)
+    _write_evaluation(run_dir, metrics, result, out_path)
     return result
 
 
@@ -537,3 +541,13 @@ def _evaluation(config: dict, metrics: dict, model, teacher, data: ShardSet, run
                   throughput_batch=batch, **runtime.describe(), threads=torch.get_num_threads())
     result["eval_time_s"] = round(time.perf_counter() - start, 3)
     return result
+
+
+def _write_evaluation(run_dir: Path, metrics: dict, result: dict, out_path) -> None:
+    """An evaluation into the run's TensorBoard events (at its last step: fidelity per block, throughput,
+    parameters), then `out_path` (eval.json), the mark of a done evaluation."""
+    fidelity = {f"{m}{part}": result[f"fidelity_{m}{part}"] for m in ("kl", "js", "corr") for part in ("", "_mean")}
+    write_evaluation(run_dir, metrics.get("steps", metrics["budget"]),
+                     {**scalars(fidelity, "fidelity"), **scalars({k: result[k] for k in ("throughput_img_s", "params")},
+                                                                 "eval")})
+    write_json(out_path, result)

@@ -1,8 +1,8 @@
 """The one training loop, used by the teacher, the distillation stage and the students.
 
 AdamW, linear warmup then cosine decay, optional label smoothing (in the task's loss), gradient
-clipping; seeded; a JSONL log; a checkpoint at every epoch end and every `checkpoint_every` steps,
-from which a killed job resumes to the same result.
+clipping; seeded; a JSONL log and TensorBoard events (<out_dir>/tb, linvit.events); a checkpoint at
+every epoch end and every `checkpoint_every` steps, from which a killed job resumes to the same result.
 
 A checkpoint is a folder `checkpoint/step<N>/` holding `model.safetensors`, `state.pt` (optimizer,
 scheduler and RNG state: tensors and plain values only, read with `weights_only=True`) and
@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from .device import Runtime, cpu_runtime
+from .events import NoEvents, RunEvents, events_dir as run_events_dir
 from .io import atomic_path, write_json, write_safetensors, write_text
 
 MAX_STEPS = 10**8       # a larger `steps` is a typo (10**12 would never finish), not a budget
@@ -346,7 +347,8 @@ class _Log:
 
 
 def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, desc: str = "train",
-        fingerprint: dict | None = None, runtime: Runtime | None = None) -> dict:
+        fingerprint: dict | None = None, runtime: Runtime | None = None, events_dir: str | Path | None = None,
+        events_offset: int = 0) -> dict:
     """Train `task` on the train split of `data` (a ShardSet) for `spec.steps` steps.
 
     `fingerprint`: what determines the run (config slice, data, teacher, seed, code version; the
@@ -359,6 +361,9 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
 
     `runtime`: device, precision and compile backend (default: CPU, fp32, eager). The task's
     model must already be on its device (the step moves it there before building the task).
+
+    Rank 0 also writes TensorBoard events (linvit.events) into `events_dir` (default <out_dir>/tb),
+    their steps shifted by `events_offset` (a later phase of a distillation).
     """
     runtime = runtime or cpu_runtime()
     world = runtime.world
@@ -421,11 +426,14 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     # The ranks start from equal parameters whatever each built or loaded (they should agree anyway).
     world.broadcast_module(model)
     log = _Log(live_log_path(out_dir), step if resumed is not None else None) if world.main else _NoLog()
+    events = (RunEvents(events_dir or run_events_dir(out_dir), batch_size=spec.batch_size, resumed=resumed is not None,
+                        step=step, seconds=elapsed, offset=events_offset) if world.main else NoEvents())
 
     def checkpoint():
         rngs = world.rng_states(runtime.device if runtime.cuda else None)  # every rank takes part
         if not world.main:
             return
+        events.flush()  # the steps up to this checkpoint, which a resumed run keeps
         state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), **rngs[0]}
         if world.parallel:
             state["ranks_rng"] = rngs[1:]
@@ -444,12 +452,14 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         start = time.perf_counter()
         result = _evaluate(task, log, at_step, epoch, elapsed, final=final, runtime=runtime)
         eval_time[0] += time.perf_counter() - start
+        events.evaluation(at_step, result)
         return result
 
     if resumed is None and spec.eval_every:
         evaluate(0, 0, final=False)  # what the initialization alone gives
     bar = _progress(spec.steps, step, desc, quiet=not world.main)
     last_loss, started = float("nan"), time.perf_counter() - elapsed
+    evaluated = eval_time[0]  # evaluation seconds before the loop, which `elapsed` leaves out
     # The loss is read on the host (a sync on CUDA) only at the steps `_check_due` names; between
     # them the highest loss since the last check stays on the device (NaN wins: torch.maximum).
     sync, worst, since = world.gradient_sync([p for _, p in named]), None, step + 1
@@ -495,6 +505,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
                 if step % spec.log_every == 0 or step == spec.steps:
                     log.write({"kind": "train", "step": step, "epoch": epoch, "loss": last_loss,
                                "lr": scheduler.get_last_lr()[0], "elapsed_s": round(elapsed, 3)})
+                    events.train(step, last_loss, scheduler.get_last_lr()[0], elapsed - (eval_time[0] - evaluated))
                 if spec.eval_every and step % spec.eval_every == 0 and step < spec.steps:
                     evaluate(step, epoch, final=False)
                 epoch_end = step % steps_per_epoch == 0
@@ -507,6 +518,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     finally:
         sync.close()
         log.close()
+        events.close()
     return {"steps": step, "epochs": step / steps_per_epoch, "train_time_s": round(elapsed, 3),
             "eval_time_s": round(eval_time[0], 3), "images_seen": step * spec.batch_size,
             "final_loss": last_loss, **final}

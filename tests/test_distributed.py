@@ -95,6 +95,11 @@ def test_only_rank_zero_writes_and_speaks(setup):
     assert two.stderr.count("data parallel over 2 processes (gloo), 8 samples each of every batch of 16") == 1
     assert two.stderr.count(f"step {STEPS}/{STEPS}") == 1
     assert not (tmp / "two" / "checkpoint").exists()  # dropped by rank 0 once the outputs are written
+    # One writer of TensorBoard events, as of the log.
+    from test_stages import events
+
+    assert len(list((tmp / "two" / "tb").iterdir())) == 1
+    assert [e.step for e in events(tmp / "two").Scalars("train/loss")] == steps
 
 
 def _descendants(pid: int) -> list[int]:

@@ -17,6 +17,10 @@ and every inline `code span` that starts with a program a user runs (`bash setup
   (what an earlier command of the case makes, say the mini paper's teacher file, as an empty file);
 - help / parse: a `linvit` subcommand named in prose answers `--help`; one given with arguments parses
   with `linvit`'s own argument parser, and a config it names exists and validates;
+- status: `linvit status` runs as written, on an empty project folder (`--directory`), and lists every
+  job of its grid as still to run;
+- tensorboard: TensorBoard is installed beside the interpreter and, given the README's `--logdir`,
+  finds the events a run writes there (`tensorboard --inspect`, which reads what the server would show);
 - the rest (venv, conda, variable, installed, config): the file, variable or program it relies on.
 
 A command that no pattern covers fails `test_every_readme_command_has_a_check`: a new README command
@@ -55,6 +59,8 @@ CHECKS = [
     (r"[A-Z_]+=\S+\.ya?ml", "config"),
     (r"linvit variants --size \w+", "run"),
     (r"linvit (?:shards|teacher|convert) .*", "chain"),
+    (r"linvit status(?: .*)?", "status"),
+    (r"tensorboard --logdir results/", "tensorboard"),
     (r"linvit [a-z-]+", "help"),
     (r"linvit [a-z-]+ .*", "parse"),
     (r"python -m linvit\.gpucheck", "module_help"),
@@ -159,10 +165,12 @@ VALUED = {"--cores", "-c", "--jobs", "-j", "--configfile", "--profile", "--direc
 def grid_jobs(config: dict) -> dict[str, int]:
     """expected_jobs, with teachers loaded from a file (`teachers:`) as rule teacher_pretrained."""
     from linvit.config import trained_sizes
+    from linvit.grid import teacher_keys
 
     jobs = expected_jobs(config)
-    jobs["teacher"] = len(trained_sizes(config))
-    jobs["teacher_pretrained"] = len(config["sizes"]) - jobs["teacher"]
+    keys, trained = teacher_keys(config), set(trained_sizes(config))
+    jobs["teacher"] = sum(1 for key in keys if key.split("/")[0] in trained)  # one per teacher seed
+    jobs["teacher_pretrained"] = len(keys) - jobs["teacher"]
     return {k: v for k, v in jobs.items() if v}
 
 
@@ -318,6 +326,32 @@ def check_module_help(command, match, tmp, capsys, comment):
     assert "usage:" in out.stdout
 
 
+def check_status(command, match, tmp, capsys, comment):
+    from linvit import grid
+    from linvit.config import load_config
+
+    args = shlex.split(command)
+    config = load_config(REPO / (args[args.index("--config") + 1] if "--config" in args else
+                                 "workflow/config/default.yaml"))
+    out = run([*args, "--directory", str(tmp)], cwd=REPO)
+    jobs = len(grid.jobs(config))
+    assert f": {jobs} jobs, 0 finished, " in out.stdout and f"{jobs} to run" in out.stdout, out.stdout
+    assert re.search(r"^rule +jobs +finished +running", out.stdout, re.M)
+    assert ("\n  to run " in out.stdout) == ("--all" in args)  # every job listed, or only those to look at
+
+
+def check_tensorboard(command, match, tmp, capsys, comment):
+    from linvit.events import RunEvents
+
+    args = shlex.split(command)
+    logdir = tmp / args[args.index("--logdir") + 1]
+    events = RunEvents(logdir / "teacher/micro/seed0/tb", batch_size=8, resumed=False)  # as a run writes them
+    events.train(1, 2.5, 1e-3, 0.5)
+    events.close()
+    out = run([str(BIN / args[0]), "--inspect", *args[1:]], cwd=tmp)
+    assert "train/loss" in out.stdout + out.stderr, out.stdout[-2000:]
+
+
 def check_pytest(command, match, tmp, capsys, comment):
     out = run([sys.executable, "-m", "pytest", "--version"], cwd=REPO)
     assert "pytest" in out.stdout + out.stderr
@@ -327,5 +361,6 @@ def check_pytest(command, match, tmp, capsys, comment):
 CHECKERS = {"dry_run": check_dry_run, "slurm": check_slurm, "setup_sh": check_setup_sh, "venv": check_venv,
             "conda": check_conda, "variable": check_variable, "installed": check_installed,
             "config": check_config, "run": check_run, "chain": check_chain, "help": check_help,
-            "parse": check_parse, "module_help": check_module_help, "pytest": check_pytest}
+            "parse": check_parse, "module_help": check_module_help, "pytest": check_pytest, "status": check_status,
+            "tensorboard": check_tensorboard}
 assert set(CHECKERS) == {check for _, check in CHECKS}

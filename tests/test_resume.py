@@ -65,3 +65,11 @@ def test_killed_job_resumes_to_the_same_metrics(tmp_path, monkeypatch):
     # The log of the resumed run holds each step once, as the uninterrupted one does.
     steps = lambda p: [json.loads(l)["step"] for l in p.read_text().splitlines() if '"train"' in l]
     assert steps(killed / "train.jsonl") == steps(tmp_path / "whole" / "train.jsonl")
+    # So do its TensorBoard events: the killed attempt's steps after the checkpoint are purged, and the
+    # curves are the uninterrupted run's.
+    from test_stages import events
+
+    for tag in ("train/loss", "eval/test_acc"):
+        a, b = events(tmp_path / "whole").Scalars(tag), events(killed).Scalars(tag)
+        assert [(e.step, e.value) for e in b] == [(e.step, e.value) for e in a], tag
+    assert [e.step for e in events(killed).Scalars("train/loss")] == list(range(1, 61))

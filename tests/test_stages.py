@@ -1,12 +1,12 @@
 """The two stages of a student: a design's phases (stage 1), and training with losses against the
-teacher beside the task's (stage 2), as the steps run them."""
+teacher beside the task's (stage 2), as the steps run them; the TensorBoard events every run writes."""
 
 import json
 
 import pytest
 from safetensors.torch import load_file
 
-from linvit.steps import load_model, run_distill, run_shards, run_student, run_teacher
+from linvit.steps import load_model, run_distill, run_evaluate, run_shards, run_student, run_teacher
 from linvit.transfer import parameter_group
 
 CONFIG = {
@@ -51,9 +51,15 @@ def test_phases_split_the_budget_run_in_order_and_leave_one_student(world, tmp_p
     assert [t["phase"] for t in m["losses"]] == [0, 1]
     records = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in records if r["kind"] == "train"] == [0, 0, 1, 1, 1]
-    # One student, like any model folder; the phases' folders are gone like checkpoint/.
+    # One student, like any model folder (its TensorBoard events in tb/); the phases' folders are gone
+    # like checkpoint/.
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "metrics.json", "model.json",
-                                                     "model.safetensors", "train.jsonl"]
+                                                     "model.safetensors", "tb", "train.jsonl"]
+    # In TensorBoard one curve: the second phase's steps after the first's, the losses train.jsonl has.
+    curve = events(out).Scalars("train/loss")
+    assert [e.step for e in curve] == [1, 2, 3, 4, 5]
+    assert [e.value for e in curve] == pytest.approx([r["loss"] for r in records if r["kind"] == "train"], rel=1e-6)
+    assert [e.step for e in events(out).Scalars("eval/distill_loss")] == [2, 5]  # each phase's final evaluation
     model, arch = load_model(out)
     assert arch["variant"] == "elu"
     # Frozen (the default): only attention moved away from the copied teacher.
@@ -110,3 +116,69 @@ def test_logit_losses_on_other_labels_read_the_given_teacher(world, tmp_path):
     m = run_student(CONFIG, "other", "micro", "elu", "deit_kd", 0, world / "teacher", world / "other",
                     tmp_path / "s", budget=2, kd_dir=tmp_path / "ref")
     assert m["kd_teacher"] == str(tmp_path / "ref") and m["distill"] is None and m["task_weight"] == 0.5
+
+
+def events(folder):
+    """A run folder's TensorBoard events, read by TensorBoard's own reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(folder / "tb"))
+    accumulator.Reload()
+    return accumulator
+
+
+def test_every_run_writes_its_curves_and_its_evaluation_for_tensorboard(world, tmp_path):
+    # The teacher of the module's world: loss, learning rate and images/s at its logged step (the 4th
+    # and last), its final test accuracy.
+    teacher = events(world / "teacher")
+    log = [json.loads(line) for line in (world / "teacher" / "train.jsonl").read_text().splitlines()]
+    train = [r for r in log if r["kind"] == "train"]
+    assert {"train/loss", "train/lr", "train/images_per_s", "eval/test_acc"} <= set(teacher.Tags()["scalars"])
+    assert [(e.step, e.value) for e in teacher.Scalars("train/loss")] == [
+        (r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in train]
+    assert [e.value for e in teacher.Scalars("train/lr")] == pytest.approx([r["lr"] for r in train], abs=1e-9)
+    assert all(e.value > 0 for e in teacher.Scalars("train/images_per_s"))
+    metrics = json.loads((world / "teacher" / "metrics.json").read_text())
+    assert teacher.Scalars("eval/test_acc")[-1].value == pytest.approx(metrics["test_acc"])
+    # A student, then its evaluation: the fidelity per block joins the student's events at its last step.
+    student = tmp_path / "s"
+    run_student(CONFIG, "synthetic", "micro", "elu", "deit_kd", 0, world / "teacher", world / "synthetic",
+                student, budget=2)
+    run_evaluate(CONFIG, student, world / "teacher", world / "synthetic", student / "eval.json")
+    evaluation = json.loads((student / "eval.json").read_text())
+    got = events(student)
+    for metric in ("kl", "js", "corr"):
+        per_block = evaluation[f"fidelity_{metric}"]
+        assert len(per_block) == 4
+        for block, value in enumerate(per_block):
+            (event,) = got.Scalars(f"fidelity/{metric}/block{block}")
+            assert (event.step, event.value) == (2, pytest.approx(value, rel=1e-5, abs=1e-9))
+        assert got.Scalars(f"fidelity/{metric}_mean")[0].value == pytest.approx(evaluation[f"fidelity_{metric}_mean"],
+                                                                                rel=1e-5, abs=1e-9)
+    assert got.Scalars("eval/throughput_img_s")[0].value == pytest.approx(evaluation["throughput_img_s"], rel=1e-5)
+    assert [e.step for e in got.Scalars("train/loss")] == [2]
+    # An evaluation run again replaces its own events, leaving the training's.
+    run_evaluate(CONFIG, student, world / "teacher", world / "synthetic", student / "eval.json")
+    assert len(events(student).Scalars("fidelity/kl/block0")) == 1
+    assert len(list((student / "tb").glob("*.evaluate"))) == 1
+
+
+def test_a_failing_event_writer_ends_the_events_not_the_run(tmp_path, monkeypatch, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from linvit.events import RunEvents
+
+    events = RunEvents(tmp_path / "tb", batch_size=4, resumed=False)
+    events.train(1, 1.0, 1e-3, 0.1)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", full_disk)
+    events.train(2, 0.9, 1e-3, 0.2)
+    events.evaluation(2, {"test_acc": 0.5})  # nothing more is tried
+    events.flush()
+    events.close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"TensorBoard events in {tmp_path / 'tb'} stopped" in err
+    assert "No space left on device" in err

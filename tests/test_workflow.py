@@ -2,11 +2,16 @@
 reads and writes, lint, a torch-free parse, refusing bad configs, and the smoke grid end to end."""
 
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
+
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,7 +22,7 @@ from linvit.bench import bench_grid
 from linvit.config import kd_reference
 from linvit.attention import available_variants
 
-from conftest import REPO, run
+from conftest import BIN, REPO, run
 
 SNAKEFILE = str(REPO / "Snakefile")
 DEFAULT = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
@@ -137,10 +142,10 @@ def test_every_file_a_job_reads_is_declared(tmp_path):
     by_rule = {}
     for rule, fields in jobs:
         by_rule.setdefault(rule, []).append(fields)
-    teacher = grid.teacher_dir("micro", 0)  # the smoke grid's one seed: its own teacher, seed 0
+    teacher = grid.teacher_dir("micro", 0)  # the teacher of student seed 0 (teacher.seed: per_seed)
     for fields in by_rule["teacher"]:
         assert set(fields["output"]) == {f"{teacher}/{f}" for f in grid.MODEL_FILES}
-        assert fields["benchmark"] == [grid.benchmark_path("teacher", "micro/seed0")]
+        assert fields["benchmark"] == [grid.benchmark_path("teacher", grid.teacher_key("micro", 0))]
     for fields in by_rule["distill"]:
         assert {f"{teacher}/model.json", f"{teacher}/model.safetensors"} <= set(fields["input"])
         assert {p.rsplit("/", 1)[1] for p in fields["output"]} == set(grid.DISTILL_FILES)
@@ -171,8 +176,19 @@ def test_every_file_a_job_reads_is_declared(tmp_path):
         for f in ("metrics.json", "train.jsonl", "eval.json"):
             assert str(cell.run_dir() / f) in report["input"]
         assert str(cell.benchmark_path("students")) in report["input"]
-    assert grid.benchmark_path("teacher", "micro/seed0") in report["input"]
+    assert grid.benchmark_path("teacher", grid.teacher_key("micro", 0)) in report["input"]
     assert grid.operator_benchmark_path() not in report["input"]
+    # linvit.grid.jobs (the jobs `linvit status` follows) is this plan: each job's rule, outputs, log
+    # and benchmark, and the jobs whose files it reads.
+    planned = {fields["log"][0]: (rule, fields) for rule, fields in jobs if rule != "all"}
+    listed = grid.jobs(SMOKE)
+    assert sorted(job.log for job in listed) == sorted(planned)
+    made_by = {path: job.name for job in listed for path in (*job.outputs, job.benchmark) if path}
+    for job in listed:
+        rule, fields = planned[job.log]
+        assert (rule, set(fields["output"]), fields.get("benchmark", [None])[0]) == \
+            (job.rule, set(job.outputs), job.benchmark), job.name
+        assert {made_by[p] for p in fields.get("input", []) if p in made_by} == set(job.needs), job.name
     # With the operator benchmark's CSV present, the report reads it and draws its figure.
     bench = tmp_path / grid.operator_benchmark_path()
     bench.parent.mkdir(parents=True)
@@ -299,8 +315,47 @@ def test_the_report_rule_hands_the_report_every_key_it_reads(tmp_path):
     assert cfg["control_inits"] == default["control_inits"]
 
 
+def killed_while_the_teacher_trains(tmp, config_path: str) -> None:
+    """Start the grid, and once `linvit status` sees its teacher running, SIGKILL Snakemake and every
+    process below it (a machine going down); then `linvit status` says what the killed run left."""
+    from linvit.status import collect, render
+    from test_distributed import _descendants
+
+    config = yaml.safe_load(open(config_path))
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.Popen(["snakemake", "-s", SNAKEFILE, "--directory", str(tmp), "--cores", "2", "--configfile",
+                             config_path], cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    teacher, deadline = f"teacher {grid.teacher_key('micro', 0)}", time.time() + 300
+    try:
+        while True:
+            status = collect(config, tmp)
+            if {s.job.name: s.state for s in status.jobs}[teacher] == "running":
+                break
+            assert proc.poll() is None and time.time() < deadline, "the grid ended before its teacher was seen running"
+            time.sleep(0.2)
+    finally:
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+    during = render(status, config_path)
+    assert re.search(r"^Snakemake: running \(process \d+", during, re.M)
+    assert re.search(r"^teacher +1 +0 +1 +0 +0 +0 +0 ", during, re.M)  # jobs, finished, running, ...
+    assert re.search(r"^  running +micro/seed0 .* runs here", during, re.M)
+    after = run(["linvit", "status", "--config", config_path], cwd=tmp).stdout
+    assert re.search(r"^teacher +1 +0 +0 +1 +0 +0 +0 ", after, re.M)  # interrupted
+    assert re.search(r"^  interrupted +micro/seed0 .*the next snakemake runs it again", after, re.M)
+    assert "Snakemake: not running, but its locks are left" in after and "snakemake --unlock" in after
+    assert re.search(r"^student +40 +0 +0 +0 +0 +0 +40 ", after, re.M)  # all still to run
+
+
 def test_smoke_grid_end_to_end(tmp_path):
     before = sorted(p.name for p in (REPO / "report").iterdir()) if (REPO / "report").exists() else []
+    # Killed once its teacher trains; unlocked as `linvit status` then says, and run again to the end.
+    killed_while_the_teacher_trains(tmp_path, str(REPO / "workflow/config/smoke.yaml"))
+    snakemake(tmp_path, "--unlock", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
     snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
     runs = pd.read_csv(tmp_path / "results/runs.csv")
     config = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
@@ -328,6 +383,23 @@ def test_smoke_grid_end_to_end(tmp_path):
     assert ratio["wall_s"] == pytest.approx(ratio["teacher_wall_s"] + ratio["distill_wall_s"] + ratio["student_wall_s"]
                                             + ratio["reference_wall_s"])
     assert 1 < ratio["wall_over_loops"] == pytest.approx(ratio["wall_s"] / ratio["loop_s"])
+    # Every trained run's TensorBoard events, a student's with its evaluation's.
+    for folder in [grid.teacher_dir("micro", 0, tmp_path / "results"),
+                   *(grid.distill_dir(c.dataset, c.size, c.variant, c.init, c.design, c.seed, tmp_path / "results")
+                     for c in grid.distill_cells(config))]:
+        assert list(Path(folder, grid.EVENTS).glob("*tfevents*")), folder
+    for cell in grid.all_cells(config):
+        assert len(list((cell.run_dir(tmp_path / "results") / grid.EVENTS).glob("*tfevents*.evaluate"))) == 1
+    # `linvit status` of the finished grid: every job finished, its time the benchmarks', nothing left.
+    from linvit.report.aggregate import read_benchmark
+    from linvit.status import duration
+
+    done = run(["linvit", "status", "--config", str(REPO / "workflow/config/smoke.yaml")], cwd=tmp_path).stdout
+    jobs = grid.jobs(config)
+    assert f": {len(jobs)} jobs, {len(jobs)} finished, 0 running, 0 interrupted, 0 failed, 0 blocked, 0 to run" in done
+    seconds = sum(read_benchmark(tmp_path / job.benchmark)["wall_s"] for job in jobs if job.benchmark)
+    assert f"Time so far: {duration(seconds)} in finished jobs" in done
+    assert "Remaining: nothing\n" in done and "Snakemake: not running\n" in done
     # A second run has nothing to do.
     again = snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
     assert "Nothing to be done" in again.stdout + again.stderr

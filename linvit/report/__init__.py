@@ -7,16 +7,23 @@
     write_report(config, "results", "report")    # render: exactly linvit.grid.report_files, written atomically
 """
 
-from linvit.report.aggregate import ResultsError, collect, collect_benchmarks
-from linvit.report.claims import CLAIMS, CellVerdict, ClaimVerdict, evaluate_claims
-from linvit.report.claims_text import claims_markdown
-from linvit.report.figures import accuracy_by_init, training_curves, write_figures
-from linvit.report.render import write_report
-from linvit.report.roles import resolve_roles
-from linvit.report.tables import cost_table, summarize
+# The names below are imported when first used (PEP 562): `linvit status` reads the aggregation's
+# log and benchmark readers without paying for matplotlib and seaborn, which the figures import.
+_EXPORTS = {
+    "ResultsError": "aggregate", "collect": "aggregate", "collect_benchmarks": "aggregate",
+    "CLAIMS": "claims", "CellVerdict": "claims", "ClaimVerdict": "claims", "evaluate_claims": "claims",
+    "claims_markdown": "claims_text", "accuracy_by_init": "figures", "training_curves": "figures",
+    "write_figures": "figures", "write_report": "render", "resolve_roles": "roles", "cost_table": "tables",
+    "summarize": "tables",
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ = [
-    "CLAIMS", "CellVerdict", "ClaimVerdict", "ResultsError", "accuracy_by_init", "claims_markdown", "collect",
-    "collect_benchmarks", "cost_table", "evaluate_claims", "resolve_roles", "summarize", "training_curves",
-    "write_figures", "write_report",
-]
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'linvit.report' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f"linvit.report.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value

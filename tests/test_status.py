@@ -1,0 +1,182 @@
+"""`linvit status` on a results tree of the smoke grid whose state the test sets: finished jobs with
+their benchmarks, a job a process runs, one Slurm runs, one a killed run left, a failed one and those
+behind it; Snakemake's own markers of started jobs. (tests/test_workflow.py runs it on the smoke grid
+while it trains, once killed and once finished; tests/test_failures.py on failed cells.)"""
+
+import json
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, run
+from linvit import grid
+from linvit.status import collect, duration, incomplete_markers, render
+
+SMOKE = REPO / "workflow/config/smoke.yaml"
+CONFIG = yaml.safe_load(SMOKE.read_text())
+
+
+def mark(root: Path, output: str, jobid=None, max_len=None):
+    """Snakemake's incomplete marker of `output`, written by Snakemake's own naming (FilePersistence._record_path)."""
+    from snakemake.persistence.file import FilePersistence
+
+    folder = root / ".snakemake/incomplete"
+    folder.mkdir(parents=True, exist_ok=True)
+    namer = types.SimpleNamespace(_fetch_max_len=lambda subject: max_len or 255)
+    path = Path(FilePersistence._record_path(namer, str(folder), output))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"external_jobid": jobid}))
+
+
+def finish(root: Path, job: grid.Job, seconds: float | None = None):
+    for out in job.outputs:
+        path = root / out
+        if "." in Path(out).name:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("{}")
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+    if seconds is not None:
+        write(root / job.benchmark, f"s\th:m:s\tmax_rss\tcpu_time\n{seconds}\t0:00:00\t100\t{seconds}\n")
+
+
+def write(path: Path, text: str):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    jobs = {job.name: job for job in grid.jobs(CONFIG)}
+    by_rule = lambda rule: [j for j in jobs.values() if j.rule == rule]  # noqa: E731
+    for job in by_rule("shards"):
+        finish(tmp_path, job)
+    finish(tmp_path, jobs["teacher micro/seed0"], 30)
+    distills = by_rule("distill")
+    finish(tmp_path, distills[0], 10)
+    finish(tmp_path, distills[1], 14)
+    # A distillation a process of this machine runs (its command names its log), started by Snakemake.
+    running = distills[2]
+    for out in running.outputs:
+        mark(tmp_path, out)
+    write(tmp_path / running.log, "distill ...: step 2/4 loss 0.1\n")
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "linvit", "distill", ">",
+                                running.log], cwd=tmp_path)
+    # One Slurm runs (squeue, here a script, says so), and one a killed run left behind.
+    slurm, killed = distills[3], distills[4]
+    for out in slurm.outputs:
+        mark(tmp_path, out, jobid="4242")
+    for out in killed.outputs:
+        mark(tmp_path, out, max_len=24)  # a long name: folders of at most NAME_MAX characters
+    write(tmp_path / killed.log, "distill ...: step 1/4 loss 0.2\ndistill ...: step 3/4 loss 0.1\n")
+    bin_dir = tmp_path / "bin"
+    write(bin_dir / "squeue", "#!/bin/sh\necho '4242 RUNNING'\necho '99 PENDING'\n")
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    # One failed: its log's error line.
+    failed = distills[5]
+    write(tmp_path / failed.log, "distill ...: step 1/4 loss 0.2\nlinvit: error: out of memory in block 3\n")
+    # Students: two of one group finished (their mean estimates the third), one to run.
+    plain = [j for j in by_rule("student") if not j.cell.distills and j.cell.init == "random"]
+    finish(tmp_path, plain[0], 20)
+    try:
+        yield tmp_path, jobs, {"running": running, "slurm": slurm, "killed": killed, "failed": failed,
+                               "plain": plain}
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_every_job_has_its_state_its_time_and_what_remains(tree):
+    root, jobs, named = tree
+    status = {s.job.name: s for s in collect(CONFIG, root).jobs}
+    assert [s.job.name for s in status.values()] == list(jobs)  # every job of the grid, in the DAG's order
+    assert status["teacher micro/seed0"].state == "finished" and status["teacher micro/seed0"].seconds == 30
+    assert status[named["running"].name].state == "running"
+    assert status[named["running"].name].detail == "runs here; at step 2/4"
+    assert status[named["slurm"].name].state == "running"
+    assert status[named["slurm"].name].detail.startswith("Slurm job 4242 running")
+    killed = status[named["killed"].name]
+    assert killed.state == "interrupted"
+    assert killed.detail == "stopped at step 3/4; the next snakemake runs it again, from its last checkpoint if it made one"
+    failed = status[named["failed"].name]
+    assert (failed.state, failed.detail) == ("failed", "linvit: error: out of memory in block 3")
+    # Everything behind the failed distillation waits for it: its students (each evaluating its model), the report.
+    behind = [s for s in status.values() if s.job.cell is not None and s.job.cell.distills
+              and s.job.cell.distill_key == named["failed"].key and s.job.rule in ("student", "evaluate")]
+    assert behind and all(s.state == "blocked" for s in behind)
+    assert status["report all"].state == "blocked"
+    # Remaining: the mean of the finished jobs of the same init strategy and design (the killed one: as
+    # the first, 10 s), else of its rule and budget (12 s); a running job's less what it ran.
+    assert (named["killed"].cell.init, named["killed"].cell.design) == (jobs[next(iter(
+        j for j in jobs if j.startswith("distill")))].cell.init, "outputs")
+    assert status[named["killed"].name].remaining == 10
+    to_run = [s for s in status.values() if s.job.rule == "distill" and s.state == "to run"]
+    assert len(to_run) == 2 and all(s.remaining == 12 for s in to_run)
+    assert 0 <= status[named["running"].name].remaining <= 12
+    assert status[named["plain"][1].name].remaining == 20  # the finished random student of its budget
+    assert status[named["failed"].name].remaining != status[named["failed"].name].remaining  # nan: not counted
+
+
+def test_the_text_has_a_table_of_rules_and_the_jobs_to_look_at(tree):
+    root, jobs, named = tree
+    text = render(collect(CONFIG, root), "smoke.yaml")
+    lines = text.splitlines()
+    assert lines[0].startswith(f"Grid smoke.yaml in {root}: 56 jobs, ")  # 44 cells, no evaluation jobs
+    header = next(line for line in lines if line.startswith("rule "))
+    assert header.split()[:8] == ["rule", "jobs", "finished", "running", "interrupted", "failed", "blocked", "to"]
+    rows = {line.split()[0]: line.split() for line in lines[lines.index(header) + 1:] if line.strip()
+            and line.split()[0] in ("shards", "teacher", "distill", "reference", "student", "evaluate", "report")
+            and line.split()[1].isdigit()}
+    assert rows["distill"][1:8] == ["8", "2", "2", "1", "1", "0", "2"]
+    assert rows["teacher"][1:3] == ["1", "1"]
+    assert "linvit: error: out of memory in block 3" in text
+    assert f"{named['failed'].key}" in text and "Slurm job 4242" in text
+    assert "Time so far: 1 min 14 s in finished jobs" in text  # 30 + 10 + 14 + 20 from the benchmarks
+    assert re.search(rf"^  blocked +{named['failed'].cell.dataset}/\S+/maps/steps3/seed0 +- +waits for distill ",
+                     text, re.M)
+    every = render(collect(CONFIG, root), "smoke.yaml", every=True)
+    assert every.count("\n  to run ") == 43 and every.count("\n  finished ") == 6
+    # A failed teacher: everything after it waits, said in one line per rule (each job with --all).
+    teacher = jobs["teacher micro/seed0"]
+    for out in teacher.outputs:
+        (root / out).unlink()
+    write(root / teacher.log, "linvit: error: teacher micro: diverged: loss became nan at step 3\n")
+    text = render(collect(CONFIG, root), "smoke.yaml")
+    assert re.search(r"^  failed +micro/seed0 +- +linvit: error: teacher micro: diverged", text, re.M)
+    assert "\n  40 blocked: waits for teacher micro/seed0" in text
+    assert "evaluate" not in text  # the training jobs evaluate their models: no evaluation jobs wait
+
+
+def test_snakemake_s_markers_are_read_back_whatever_their_length():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        long = "results/students/" + "/".join(["x" * 40] * 6) + "/metrics.json"
+        mark(Path(tmp), long, jobid="7", max_len=30)
+        mark(Path(tmp), "results/data/synthetic")
+        found = incomplete_markers(Path(tmp))
+        assert set(found) == {long, "results/data/synthetic"}
+        assert found[long][0] == "7" and found["results/data/synthetic"][0] is None
+
+
+def test_the_command_is_torch_free_and_says_a_bad_config_in_one_line(tmp_path):
+    out = run([sys.executable, "-X", "importtime", "-m", "linvit.cli", "status", "--config", str(SMOKE)],
+              cwd=tmp_path)
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "timm", "matplotlib", "seaborn"}
+    assert "56 jobs, 0 finished" in out.stdout and "56 to run" in out.stdout
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**CONFIG, "variants": ["nope"]}))
+    bad = run(["linvit", "status", "--config", "bad.yaml"], cwd=tmp_path, check=False)
+    assert bad.returncode == 1 and bad.stderr.strip().startswith("linvit: error: config key variants: unknown")
+
+
+def test_durations_read_as_a_person_would():
+    assert [duration(s) for s in (4.4, 65, 3600 * 2 + 7 * 60, 86400 * 3 + 3600 * 4)] == [
+        "4 s", "1 min 05 s", "2 h 07 min", "3 d 4 h"]
+    assert duration(float("nan")) == "-"

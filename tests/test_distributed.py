@@ -212,14 +212,14 @@ def test_a_rule_with_two_gpus_trains_under_torchrun(tmp_path):
     # the rule's command, the ranks' split and rank 0's outputs work through Snakemake.
     cmd = ["snakemake", "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"),
            "--set-resources", "teacher:gpu=2", "--directory", str(tmp_path),
-           "--snakefile", str(REPO / "Snakefile"), "results/teacher/micro/metrics.json"]
+           "--snakefile", str(REPO / "Snakefile"), "results/teacher/micro/seed0/metrics.json"]
     run(cmd, cwd=REPO)
-    log = (tmp_path / "results/logs/teacher/micro.log").read_text()
+    log = (tmp_path / "results/logs/teacher/micro/seed0.log").read_text()
     assert "teacher micro: data parallel over 2 processes (gloo), 16 samples each of every batch of 32" in log
     assert log.count("teacher micro: step 12/12") == 1 and log.count("test accuracy") == 1
-    steps = [r["step"] for r in records(tmp_path / "results/teacher/micro")]
+    steps = [r["step"] for r in records(tmp_path / "results/teacher/micro/seed0")]
     assert steps == sorted(set(steps)) and steps[-1] == 12
-    metrics = json.loads((tmp_path / "results/teacher/micro/metrics.json").read_text())
+    metrics = json.loads((tmp_path / "results/teacher/micro/seed0/metrics.json").read_text())
     assert metrics["steps"] == 12 and metrics["images_seen"] == 12 * 32
 
 

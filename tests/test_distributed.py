@@ -387,6 +387,32 @@ def test_bucketed_averaging_overlaps_backward_and_equals_the_mean_to_the_bit(tmp
         assert r["unused"] == [None, None]
 
 
+def test_an_odd_batch_per_process_under_mixup_is_one_line_before_any_compute(tmp_path, monkeypatch):
+    """timm's Mixup pairs every image with another of its batch; an odd share fails its assertion in
+    every rank. Refused before the data is read or a model built, naming the keys."""
+    import torch
+
+    import linvit.steps
+    from linvit.device import Runtime
+    from linvit.distributed import World
+
+    monkeypatch.setattr(linvit.steps, "_data", lambda *a, **k: pytest.fail("read the data"))
+    mixup = {"transform": {"mixup": {"mixup_alpha": 0.8}}}
+    config = {**CONFIG, "datasets": {"synthetic": {**CONFIG["datasets"]["synthetic"], **mixup}},
+              "teacher": {**CONFIG["teacher"], "train": {**CONFIG["teacher"]["train"], "batch_size": 6}}}
+    two = Runtime(torch.device("cpu"), "fp32", world=World(rank=1, size=2))
+    with pytest.raises(ValueError) as err:
+        linvit.steps.run_teacher(config, "micro", 0, tmp_path, tmp_path / "t", runtime=two)
+    assert str(err.value) == ("config key teacher.train.batch_size: 6 gives each of the job's 2 processes 3 images, "
+                              "an odd batch, which timm's Mixup (datasets.synthetic.transform.mixup) cannot mix: it "
+                              "pairs every image with another of its batch; make the per-process batch even")
+    config["student"] = {"train": {"steps": 4, "batch_size": 5, "lr": 1e-3}}
+    with pytest.raises(ValueError, match=r"^config key student.train.batch_size: 5 is odd, which timm's Mixup"):
+        linvit.steps.run_student(config, "synthetic", "micro", "elu", "random", 0, tmp_path, tmp_path,
+                                 tmp_path / "s")
+    assert not (tmp_path / "t").exists()
+
+
 def test_a_pretrained_teacher_is_loaded_and_written_by_rank_zero_alone(tmp_path):
     """A `teachers:` entry under torchrun (a teacher rule with `gpu: 2`): rank 0 loads the file and
     writes the folder, the other rank waits for it and reads its metrics; one message, one writer."""

@@ -389,15 +389,17 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     try:
         resumed = ckpts.load(model, fingerprint)
     except _Unusable as why:
-        print(f"{desc}: {why}; starting afresh", file=sys.stderr)
+        if world.main:  # every rank reads the same checkpoint: one line for the job
+            print(f"{desc}: {why}; starting afresh", file=sys.stderr)
         resumed = None
     if resumed is not None:
         weights, state, meta = resumed
         try:
             load_optimizer_state(optimizer, state["optimizer"])  # checks before it changes anything
         except (ValueError, KeyError, TypeError) as err:
-            print(f"{desc}: checkpoint file {ckpts.latest() / 'state.pt'} does not fit the optimizer "
-                  f"({_one_line(err)}); starting afresh", file=sys.stderr)
+            if world.main:
+                print(f"{desc}: checkpoint file {ckpts.latest() / 'state.pt'} does not fit the optimizer "
+                      f"({_one_line(err)}); starting afresh", file=sys.stderr)
             optimizer = make_optimizer(model, named, spec)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
             resumed = None

@@ -387,6 +387,36 @@ def test_bucketed_averaging_overlaps_backward_and_equals_the_mean_to_the_bit(tmp
         assert r["unused"] == [None, None]
 
 
+def test_only_rank_zero_says_a_checkpoint_is_unusable(tmp_path, monkeypatch, capsys):
+    """Every rank reads the same unusable checkpoint and starts afresh; rank 0 alone says so."""
+    import torch
+
+    from linvit.device import Runtime
+    from linvit.distributed import World
+    from linvit.dpcheck import _Data, _Task
+    from linvit.train import TrainSpec, fit
+
+    class Joined(Exception):
+        pass
+
+    def stop(*args):  # past the checkpoint: where the ranks would meet in DDP
+        raise Joined
+
+    monkeypatch.setattr(World, "train_step", stop, raising=False)
+    monkeypatch.setattr(World, "broadcast_module", stop, raising=False)  # before DDP
+    monkeypatch.setattr(World, "backend", property(lambda self: "gloo"))  # no process group in this test
+    (tmp_path / "checkpoint" / "step00000004").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "LATEST").write_text("step00000004")  # no meta.json: unreadable
+    said = []
+    for rank in (0, 1):
+        rt = Runtime(torch.device("cpu"), "fp32", world=World(rank=rank, size=2))
+        with pytest.raises(Joined):
+            fit(_Task(rt.device, 0.0), TrainSpec(steps=2, batch_size=8, lr=1e-2), _Data(16, 0), tmp_path, seed=0,
+                runtime=rt)
+        said.append(capsys.readouterr().err.count("starting afresh"))
+    assert said == [1, 0]
+
+
 def test_an_odd_batch_per_process_under_mixup_is_one_line_before_any_compute(tmp_path, monkeypatch):
     """timm's Mixup pairs every image with another of its batch; an odd share fails its assertion in
     every rank. Refused before the data is read or a model built, naming the keys."""

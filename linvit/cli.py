@@ -331,6 +331,7 @@ def main(argv=None) -> int:
 
 
 def _run(argv) -> int:
+    from .distributed import DataParallelError
     from .train import TrainingDiverged
 
     args = build_parser().parse_args(argv)
@@ -341,8 +342,8 @@ def _run(argv) -> int:
     except KeyboardInterrupt:
         print("linvit: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, TrainingDiverged) as err:
-        # A user's mistake or a diverged run: one line, no traceback.
+    except (ValueError, OSError, TrainingDiverged, DataParallelError) as err:
+        # A user's mistake, a diverged run or a step data parallelism refuses: one line, no traceback.
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"linvit: error: {msg}", file=sys.stderr)
         return 1

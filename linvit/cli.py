@@ -354,10 +354,13 @@ def main(argv=None) -> int:
 
 
 def _one_line_error(err: BaseException) -> bool:
-    """A user's mistake or a diverged run (linvit.train.TrainingDiverged, which only a command that
-    imported the training loop raises: the torch-free commands do not import it to ask)."""
-    train = sys.modules.get("linvit.train")
-    return isinstance(err, (ValueError, OSError)) or (train is not None and isinstance(err, train.TrainingDiverged))
+    """A user's mistake, a diverged run (linvit.train.TrainingDiverged) or a step data parallelism refuses
+    (linvit.distributed.DataParallelError), which only a command that imported those modules raises: the
+    torch-free commands do not import them to ask."""
+    train, dist = sys.modules.get("linvit.train"), sys.modules.get("linvit.distributed")
+    return (isinstance(err, (ValueError, OSError))
+            or (train is not None and isinstance(err, train.TrainingDiverged))
+            or (dist is not None and isinstance(err, dist.DataParallelError)))
 
 
 def _run(argv) -> int:
@@ -372,7 +375,7 @@ def _run(argv) -> int:
     except Exception as err:
         if not _one_line_error(err):
             raise
-        # A user's mistake or a diverged run: one line, no traceback.
+        # A user's mistake, a diverged run or a step data parallelism refuses: one line, no traceback.
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         print(f"linvit: error: {msg}", file=sys.stderr)
         return 1

@@ -11,11 +11,11 @@ How the loop uses it (see `linvit.train.fit` and `linvit.data.loader.ShardSet.ba
   `train.batch_size`; rank r decodes and trains on its contiguous share of it (batch_size / N
   samples). So every rank has the same number of batches, and N processes see exactly the batches
   one process would: the loss curve of 2 x B/2 is that of 1 x B up to float summation order.
-- The gradients (and the step's loss) are averaged over the ranks before the optimizer step, in
-  bucketed all-reduces that overlap backward (`GradientSync`, below), so every rank takes the same
-  optimizer step and the parameters stay equal (gradient hooks rather than the
-  DistributedDataParallel wrapper, because the distillation loss calls the blocks of two models,
-  not one module's forward, which DDP needs to see every step).
+- The step runs through torch's DistributedDataParallel (`DataParallelStep`, below): one module
+  whose forward is the task's loss (the student, the teachers the objective reads, the loss
+  terms), so DDP averages the gradients over the ranks in buckets that overlap backward, and the
+  step's loss is averaged beside it; every rank takes the same optimizer step and the parameters
+  stay equal. One process is never wrapped: its step is the task's loss, as it always was.
 - Evaluation counts are summed over the ranks; only rank 0 writes logs, checkpoints and outputs.
 - The world size is not part of a run's fingerprint: the batches do not depend on it, so a job
   killed on 2 GPUs resumes on 1 and the other way round.
@@ -23,7 +23,7 @@ How the loop uses it (see `linvit.train.fit` and `linvit.data.loader.ShardSet.ba
 What stays exact under data parallelism, and what does not:
 
 - Exact: the data order and the global batches (the seeded sample stream, above), the model's
-  initialization (built from the seed on every rank, then rank 0's broadcast: `broadcast_module`),
+  initialization (built from the seed on every rank, then rank 0's broadcast when DDP is built),
   and the averaging of the gradients and the loss (every rank takes the same step, so the parameters
   stay equal to the bit across ranks). Up to float summation order, N x B/N is 1 x B.
 - Not the same as one process: the stochastic layers' and the augmentation mixes' draws. Each rank
@@ -50,19 +50,46 @@ The process group (`World.from_env`):
   rank that died still frees the others' GPUs within half an hour rather than holding them.
 - A barrier follows rank 0's final writes (`linvit.steps._finish`): no rank returns from a step
   before its outputs exist. No rank reads during a run what rank 0 wrote in it: checkpoints are
-  read at the start of `fit` only, before the broadcast that every rank must reach first, and a
+  read at the start of `fit` only, before DDP's broadcast that every rank must reach first, and a
   resumed job reads what the killed one left.
+- One node only: a job torchrun spreads over several nodes (GROUP_WORLD_SIZE above 1, or
+  LOCAL_WORLD_SIZE below WORLD_SIZE) is one line before joining (`check_one_node`): every rank reads
+  the whole sample stream, which one node's page cache serves, and nothing here was tested across
+  nodes.
 
-Overlap (`GradientSync`): backward produces the gradients from the last layer to the first; every
-trainable parameter has a post-accumulate-grad hook, and the parameters are cut into buckets of
-about LINVIT_BUCKET_MB megabytes (default 25, `BUCKET_MB`) in reverse registration order. A bucket
-whose gradients are all there is flattened and all-reduced asynchronously while backward goes on
-(buckets are launched strictly in order, so every rank issues the same collectives in the same
-order); `average` launches what is left (parameters that got no gradient this step), waits for all
-of them and the loss's, and divides by N, before the optimizer step. The same code runs on gloo:
-with two ranks each element's sum is one addition whichever way it is cut, so the bucketed path
-gives the bit-identical gradients of one flat all-reduce there (tested). The mean loss stays on the
-device; `linvit.train.fit` reads it on the host only every few steps (see its divergence check).
+The step (`DataParallelStep`): `StepModule` makes the task one module, its forward `task.loss(x,
+y)`, with the task's model and the frozen models its objective reads (teachers) as submodules, and
+DDP wraps it once per `fit` call (a design's next phase is another call, with its own trainable
+parameters, hence its own DDP). DDP broadcasts rank 0's parameters and buffers when it is built
+(after a resume has loaded the checkpoint), registers its reduction on the parameters that require
+gradients, and cuts them into buckets (LINVIT_BUCKET_MB megabytes, or DDP's default: 25 MiB after a
+first one of 1 MiB) that are all-reduced while backward goes on. The options, and why:
+
+- `static_graph=True`. Within one `fit` the trained parameters and the loss's graph are the same
+  at every step and on every rank: linvit's models, Mixup and objectives have no control flow that
+  depends on the data or the step. Some trained parameters get no gradient at all (a design with
+  `freeze: false` whose terms are teacher-forced leaves the student's head and embedding unused, a
+  term reading some blocks leaves the others), which DDP finds in the first step; from then on it
+  neither traverses the graph after each forward nor all-reduces a map of the used parameters in
+  each backward, as `find_unused_parameters=True` would. A parameter no rank uses keeps `grad None`, so AdamW skips it exactly as in one process; one that
+  some ranks use and others never do gets the mean over all ranks (zeros from the others).
+  A graph that does change is refused before the optimizer step: DDP raises itself for a parameter
+  used after a step without it, and `DataParallelStep.backward` raises `DataParallelError` in one
+  line when a parameter that had a gradient at the first step has none (where DDP would otherwise
+  leave that rank's gradients unaveraged); the other ranks are then freed by the failed rank's
+  exit (torchrun stops the job), so nothing hangs and no diverged step is taken.
+- `gradient_as_bucket_view=True`: the gradients are views into DDP's buckets, not a second copy.
+- `forward_sync_buffers=False`: the buffers (rotary tables, performer's fixed features) never change
+  after DDP's initial broadcast, so nothing is broadcast before each forward.
+- No `device_ids`: the module and the batches are on this rank's device already.
+- torch.compile: the modules `fit` compiles in place run inside DDP's forward, where dynamo's
+  DDPOptimizer splits their graphs at DDP's bucket boundaries, so the all-reduces still overlap
+  backward.
+- No gradient accumulation exists in linvit; a future one would run its inner backwards under
+  DDP's `no_sync()`.
+
+The mean loss stays on the device (an asynchronous all-reduce launched before backward, waited for
+after it); `linvit.train.fit` reads it on the host only every few steps (see its divergence check).
 """
 
 from __future__ import annotations
@@ -74,9 +101,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 TIMEOUT_MIN = 30   # minutes a rank waits at a collective before the job is aborted (LINVIT_DIST_TIMEOUT_MIN)
-BUCKET_MB = 25.0   # megabytes of gradients per asynchronous all-reduce (LINVIT_BUCKET_MB), as DDP's default
+
+
+class DataParallelError(RuntimeError):
+    """A step that data parallelism cannot average correctly (its graph changed); one line."""
 
 
 def _env_int(name: str, default: int) -> int:
@@ -122,6 +153,7 @@ class World:
         size, rank, local_rank = torchrun_env()
         if size <= 1:
             return cls()
+        check_one_node(size)
         if not dist.is_initialized():
             options = {"backend": "nccl" if device_type == "cuda" else "gloo", "timeout": timeout()}
             if device_type == "cuda":
@@ -135,10 +167,11 @@ class World:
         """The seed of this rank's random stream (see the module's notes); rank 0's is `seed`."""
         return rank_seed(seed, self.rank, step)
 
-    def gradient_sync(self, params, bucket_mb: float | None = None) -> "GradientSync":
-        """Averaging of `params`' gradients over the ranks, overlapped with backward (a no-op for one
-        process); close it when training ends (it removes its hooks)."""
-        return GradientSync(self, params, bucket_mb)
+    def train_step(self, task) -> "TrainStep":
+        """How `fit` computes a step's loss and gradients: the task's own loss with one process,
+        through DistributedDataParallel over the ranks otherwise (`DataParallelStep`). Build it once
+        the model holds what it resumes from: DDP broadcasts rank 0's parameters when it is built."""
+        return DataParallelStep(self, task) if self.parallel else TrainStep(task)
 
     def rng_states(self, cuda_device: torch.device | None) -> list[dict]:
         """Every rank's generator states (CPU, and `cuda_device`'s), in rank order, on every rank: a
@@ -172,14 +205,6 @@ class World:
     def barrier(self) -> None:
         if self.parallel:
             dist.barrier()
-
-    def broadcast_module(self, module: torch.nn.Module) -> None:
-        """Rank 0's parameters and buffers to every rank (they start equal, whatever each built)."""
-        if not self.parallel:
-            return
-        with torch.no_grad():
-            for t in list(module.parameters()) + list(module.buffers()):
-                dist.broadcast(t.data, src=0)
 
 
 def rank_seed(seed: int, rank: int, step: int = 0) -> int:
@@ -224,74 +249,105 @@ def check_local_gpu(local_rank: int, size: int) -> None:
                      f"CUDA_VISIBLE_DEVICES {shown})")
 
 
-class GradientSync:
-    """Average the gradients of `params` over the ranks as backward produces them (module notes).
+def check_one_node(size: int) -> None:
+    """A ValueError in one line when torchrun spreads this job over several nodes (module notes)."""
+    nodes, local = _env_int("GROUP_WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", size)
+    if nodes > 1 or local != size:
+        raise ValueError(f"torchrun started this job's {size} processes on several nodes (GROUP_WORLD_SIZE="
+                         f"{os.environ.get('GROUP_WORLD_SIZE', 'unset')}, LOCAL_WORLD_SIZE="
+                         f"{os.environ.get('LOCAL_WORLD_SIZE', 'unset')}): linvit trains data-parallel on one "
+                         f"node only; use torchrun --standalone --nproc-per-node N")
 
-    One per training run: `average(loss)` after each backward, `close()` at the end. With one
-    process it only hands the loss back.
-    """
 
-    def __init__(self, world: World, params, bucket_mb: float | None = None):
-        self.world, self.buckets, self.hooks = world, [], []
-        if not world.parallel:
-            return
-        if bucket_mb is None:
-            bucket_mb = _env_positive("LINVIT_BUCKET_MB", BUCKET_MB, "number")
-        unique = list({id(p): p for p in params if p.requires_grad}.values())
-        limit, size = bucket_mb * 2**20, 0
-        for p in reversed(unique):  # backward reaches the last registered parameters first
-            if not self.buckets or size + p.numel() * 4 > limit:
-                self.buckets.append([])
-                size = 0
-            self.buckets[-1].append(p)
-            size += p.numel() * 4  # reduced in float32
-        self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
-        self.hooks = [p.register_post_accumulate_grad_hook(self._ready) for p in unique]
-        self._reset()
+def bucket_mb() -> float | None:
+    """DDP's bucket size in megabytes (`bucket_cap_mb`): LINVIT_BUCKET_MB, or None when it is unset,
+    DDP's default (25 MiB buckets after a first one of 1 MiB, which an explicit size would replace)."""
+    if not os.environ.get("LINVIT_BUCKET_MB"):
+        return None
+    return _env_positive("LINVIT_BUCKET_MB", 0.0, "number")
 
-    def _reset(self) -> None:
-        self.waiting = [len(b) for b in self.buckets]  # gradients each bucket still waits for
-        self.launched: list = []                        # (grads, flat buffer, work) in bucket order
 
-    def _ready(self, p: torch.Tensor) -> None:
-        self.waiting[self.bucket_of[id(p)]] -= 1
-        while len(self.launched) < len(self.buckets) and self.waiting[len(self.launched)] == 0:
-            self._launch()
+class TrainStep:
+    """One process's step: the task's loss, its backward, the loss left on the device. No
+    communication; the order of operations is the loop's as it always was."""
 
-    def _launch(self) -> None:
-        grads = [p.grad for p in self.buckets[len(self.launched)] if p.grad is not None]
-        if not grads:
-            self.launched.append((grads, None, None))
-            return
-        flat = torch.cat([g.reshape(-1).float() for g in grads])
-        self.launched.append((grads, flat, dist.all_reduce(flat, op=dist.ReduceOp.SUM, async_op=True)))
+    def __init__(self, task):
+        self.task = task
 
-    def average(self, loss: torch.Tensor) -> torch.Tensor:
-        """After backward: every gradient replaced by its mean over the ranks, and the mean of the
-        ranks' `loss`, a 0-d float32 tensor on its device (nothing waits for the host here)."""
-        if not self.world.parallel:
-            return loss.detach().float()
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The step's loss on this process's batch (call it under the runtime's autocast)."""
+        return self.task.loss(x, y)
+
+    def backward(self, loss: torch.Tensor, scaler=None) -> torch.Tensor:
+        """Backward of `loss` (scaled by an fp16 GradScaler when given); returns the loss to log, a 0-d
+        float32 tensor on its device: here `loss` itself, detached."""
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        return loss.detach().float()
+
+
+class StepModule(nn.Module):
+    """A training step as one module, for DistributedDataParallel: forward(x, y) is `task.loss(x, y)`.
+
+    Its submodules are the task's model and the models its objective reads (the teacher, a separate
+    logit teacher: frozen, so DDP broadcasts them once and reduces nothing of theirs); the trained
+    parameters are those of the task's model that require gradients."""
+
+    def __init__(self, task):
+        super().__init__()
+        self.model = task.model
+        objective = getattr(task, "objective", None)
+        frozen = [] if objective is None else [objective.teacher, objective.logit_teacher]
+        self.frozen = nn.ModuleList({id(m): m for m in frozen if m is not self.model}.values())
+        self._loss = task.loss
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._loss(x, y)
+
+
+class DataParallelStep(TrainStep):
+    """The step over the ranks: `StepModule(task)` in DistributedDataParallel (options and why: module
+    notes), the loss averaged over the ranks beside the gradients, and a check that the graph did
+    not change (a parameter with a gradient at the first step has one at every step)."""
+
+    def __init__(self, world: World, task):
+        super().__init__(task)
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.world = world
+        named = task.trainable()
+        self.names, self.params = [n for n, _ in named], [p for _, p in named]
+        self.ddp = DistributedDataParallel(StepModule(task), static_graph=True, gradient_as_bucket_view=True,
+                                           forward_sync_buffers=False, bucket_cap_mb=bucket_mb())
+        self.pattern: list[bool] | None = None  # which parameters had a gradient at the first step
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.ddp(x, y)
+
+    def backward(self, loss: torch.Tensor, scaler=None) -> torch.Tensor:
+        """Backward through DDP (the gradients averaged over the ranks as it runs); returns the mean of
+        the ranks' losses, on the device (all-reduced asynchronously, beside backward)."""
         mean = loss.detach().float().reshape(1).clone()
-        loss_work = dist.all_reduce(mean, op=dist.ReduceOp.SUM, async_op=True)
-        while len(self.launched) < len(self.buckets):  # buckets with a parameter that got no gradient
-            self._launch()
-        for grads, flat, work in self.launched:
-            if work is None:
-                continue
-            work.wait()
-            flat /= self.world.size
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-        loss_work.wait()
-        self._reset()
+        work = dist.all_reduce(mean, op=dist.ReduceOp.SUM, async_op=True)
+        (loss if scaler is None else scaler.scale(loss)).backward()
+        self._check_graph()
+        work.wait()
         return (mean / self.world.size)[0]
 
-    def close(self) -> None:
-        for hook in self.hooks:
-            hook.remove()
-        self.hooks = []
+    def _check_graph(self) -> None:
+        """A DataParallelError (one line) when a trained parameter that had a gradient at the first step
+        has none now: the graph changed under static_graph, and DDP left this rank's gradients
+        unaveraged; raised before the optimizer step (module notes)."""
+        pattern = [p.grad is not None for p in self.params]
+        if self.pattern is None:
+            self.pattern = pattern
+            return
+        if pattern != self.pattern:
+            lost = [n for n, now, first in zip(self.names, pattern, self.pattern) if first and not now]
+            raise DataParallelError(
+                f"data parallel step on rank {self.world.rank}: parameter(s) {', '.join(lost[:3])}"
+                f"{' and more' if len(lost) > 3 else ''} got no gradient this step but did at the first: "
+                f"the loss's graph changed between steps, which DDP's static_graph does not average "
+                f"(linvit.distributed)")
 
 
 def shutdown() -> None:

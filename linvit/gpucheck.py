@@ -21,10 +21,12 @@ minutes on a CPU at the defaults (use `--size micro` there). It does three thing
    and fp16 autocast (bf16 only on the CPU): whether the maps the losses read are float32 and finite
    (`linvit.attention.attention_maps` computes them with autocast off), and the losses and gradients finite.
 4. Data parallelism, where two GPUs exist (`data_parallel`, `linvit.dpcheck`): two NCCL ranks of the
-   training loop on cuda:0 and cuda:1 (a small MLP with dropout, a few steps, several gradient
-   buckets) and one process alone: the parameters equal across the ranks, the ranks' dropout masks
-   different, rank 0's those of one process. Printed as rows of a table; with fewer than two GPUs
-   one row says it was skipped and why.
+   training loop (DistributedDataParallel) on cuda:0 and cuda:1 and one process alone, on small MLPs
+   for a few steps with several DDP buckets: in fp32 (TF32 matmuls), bf16 and fp16 with a
+   GradScaler, every step's gradients and loss of 2 ranks x B/2 against one process x B within the
+   precision's tolerance (a sum over the ranks instead of a mean is off by 1) and the parameters
+   equal across the ranks; with dropout, the ranks' masks different and rank 0's those of one
+   process. Printed as rows of a table; with fewer than two GPUs one row says it was skipped and why.
 
 It writes three CSVs into `--out` (default results/gpucheck), named after the device, with `<slug>`
 the CUDA device name lowercased with every other character as `_` (nvidia_h200), or `cpu`:
@@ -323,13 +325,19 @@ def data_parallel(rt: Runtime):
                "tests/test_distributed.py runs it on the CPU with gloo")
         return pd.DataFrame([{"check": "data parallel, 2 ranks", "result": f"skipped: needs 2 GPUs; {why}",
                               "ok": ""}])
+    precisions = [p for p in dpcheck.PRECISIONS if p != "bf16" or torch.cuda.is_bf16_supported()]
     try:
-        r = dpcheck.check("cuda")
+        r = dpcheck.check("cuda", precisions=precisions)
     except Exception as err:  # noqa: BLE001 - a rank's failure is this check's row, not the end of the run
         return pd.DataFrame([{"check": "data parallel, 2 ranks", "result": _one_line(err), "ok": False}])
     rows = [("processes", f"{r['ranks']} x {r['backend']} (cuda:0, cuda:1), {r['steps']} steps of batch "
-                          f"{r['batch']}", True),
-            ("parameters equal across ranks", f"max difference {r['param_max_diff']:.3g}", r["params_equal"]),
+                          f"{r['batch']}", True)]
+    for p in r["parity"]:
+        rows.append((f"{r['ranks']} ranks x B/{r['ranks']} against 1 x B, {p['precision']}",
+                     f"gradients {p['grad_rel_diff']:.2g}, losses {p['loss_rel_diff']:.2g} relative (tolerance "
+                     f"{p['tolerance']:g}, {p['steps_compared']} steps); parameters across ranks differ by "
+                     f"{p['param_max_diff_across_ranks']:.3g}", p["ok"]))
+    rows += [("parameters equal across ranks (dropout)", f"max difference {r['param_max_diff']:.3g}", r["params_equal"]),
             ("dropout masks differ between ranks", f"{r['mask_fraction_differing']:.0%} of the entries differ",
              r["masks_differ"]),
             ("rank 0's masks are one process's", str(r["rank0_masks_are_one_process"]),

@@ -163,9 +163,19 @@ def _dataset_spec(config: dict, dataset: str) -> dict:
     return config.get("datasets", {}).get(dataset, {})
 
 
-def _mixup(config: dict, dataset: str) -> dict | None:
-    """The timm Mixup options of training on `dataset` (None: no mixing)."""
-    return (_dataset_spec(config, dataset).get("transform") or {}).get("mixup")
+def _mixup(config: dict, dataset: str, spec: TrainSpec, key: str, runtime: Runtime) -> dict | None:
+    """The timm Mixup options of training on `dataset` (None: no mixing), checked against the batch
+    each process mixes: timm's Mixup pairs every image with another of its batch (it asserts an even
+    batch), so an odd per-process batch is one line here, before any compute, on every rank alike."""
+    mixup = (_dataset_spec(config, dataset).get("transform") or {}).get("mixup")
+    world, batch = runtime.world, spec.batch_size
+    if mixup and batch % world.size == 0 and (batch // world.size) % 2:
+        share = (f"gives each of the job's {world.size} processes {batch // world.size} images, an odd batch"
+                 if world.parallel else "is odd")
+        raise ValueError(f"config key {key}.batch_size: {batch} {share}, which timm's Mixup "
+                         f"(datasets.{dataset}.transform.mixup) cannot mix: it pairs every image with another "
+                         f"of its batch; make the per-process batch even")
+    return mixup
 
 
 def _fingerprint(config: dict, keys: list[str], seed: int, job: dict, files: dict[str, Path],
@@ -237,15 +247,16 @@ def run_teacher(config: dict, size: str, seed: int | None, shards_dir, out_dir,
     dataset = get(config, "teacher.dataset")
     if seed is None or shards_dir is None:
         raise ValueError(f"teacher {size!r} is trained on {dataset!r}: give --seed and --shards")
-    out_dir, data = _start(out_dir, runtime), _data(shards_dir, runtime, _dataset_spec(config, dataset), None)
     spec = _spec(config, "teacher.train")
+    mixup = _mixup(config, dataset, spec, "teacher.train", runtime)
+    out_dir, data = _start(out_dir, runtime), _data(shards_dir, runtime, _dataset_spec(config, dataset), None)
     fingerprint = _fingerprint(config, ["teacher", f"datasets.{dataset}.transform"], seed,
                                {"step": "teacher", "size": size}, {"data": data.dir / MANIFEST}, runtime)
     torch.manual_seed(seed)
     model = build_vit(size, num_classes=data.num_classes, img_size=data.input_size,
                       in_chans=data.channels)
     model = runtime.place(model)
-    task = ClassifyTask(model, data, spec, runtime, _mixup(config, dataset))
+    task = ClassifyTask(model, data, spec, runtime, mixup)
     summary = fit(task, spec, data, out_dir, seed=seed,
                   desc=f"teacher {size}", fingerprint=fingerprint, runtime=runtime)
     metrics = {"dataset": dataset, "size": size, "variant": SOFTMAX, "init": "random", "seed": seed, **summary}
@@ -442,6 +453,7 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     strategy = init_strategy(config, init)
     train = dict(get(config, "student.train"), **({"steps": int(budget)} if budget is not None else {}))
     spec = TrainSpec.from_dict(train, "student.train")
+    mixup = _mixup(config, dataset, spec, "student.train", runtime)
     if design != NO_DESIGN and distilled_dir is None:
         raise ValueError(f"init strategy {init!r} with design {design!r} starts from a distillation: "
                          f"pass the distillation folder")
@@ -481,7 +493,7 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
     if terms:
         objective = Objective(runtime.place(teacher), student, terms,
                               logit_teacher=None if logit_teacher is None else runtime.place(logit_teacher))
-    task = ClassifyTask(student, data, spec, runtime, _mixup(config, dataset), objective=objective,
+    task = ClassifyTask(student, data, spec, runtime, mixup, objective=objective,
                         task_weight=strategy.get("task_weight", 1.0))
     summary = fit(task, spec, data, out_dir, seed=seed,
                   desc=f"student {dataset}/{size}/{variant}/{init}/{design}/steps{spec.steps}",

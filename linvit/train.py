@@ -17,9 +17,11 @@ Checkpoints load onto the CPU (`map_location`) whatever device wrote them; the o
 its state onto its parameters' device, so a run resumes on another device than the one it started on.
 
 Under torchrun the runtime's `World` makes the same loop data-parallel (see linvit.distributed):
-each rank trains on its share of every global batch, gradients and the loss are averaged over the
-ranks before the step (overlapping backward), evaluation counts are summed, and only rank 0 writes
-the log and checkpoints. Every rank resumes from the same checkpoint, each with its own random stream.
+each rank trains on its share of every global batch, the step runs through DistributedDataParallel
+(the gradients averaged over the ranks while backward runs, the loss beside them), evaluation counts
+are summed, and only rank 0 writes the log, checkpoints and messages. Every rank resumes from the
+same checkpoint, each with its own random stream. With one process nothing is wrapped: the step is
+the task's loss and its backward, as before data parallelism existed.
 
 The divergence check (`diverged`) does not read the loss on the host every step, which on a GPU
 would wait for the step to finish: it runs at the steps `_check_due` names (the first, every
@@ -122,7 +124,11 @@ def diverged(spec: TrainSpec, loss: float, start_loss: float) -> bool:
 
 
 class Task(Protocol):
-    """What the loop trains: a model, which of its parameters, a loss, and an evaluation."""
+    """What the loop trains: a model, which of its parameters, a loss, and an evaluation.
+
+    Under torchrun `loss` runs inside DistributedDataParallel's forward (linvit.distributed.StepModule):
+    the frozen models it reads besides `model` are found at `task.objective` (its teacher and logit
+    teacher) when the task has one."""
 
     model: nn.Module
 
@@ -394,15 +400,17 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     try:
         resumed = ckpts.load(model, fingerprint)
     except _Unusable as why:
-        print(f"{desc}: {why}; starting afresh", file=sys.stderr)
+        if world.main:  # every rank reads the same checkpoint: one line for the job
+            print(f"{desc}: {why}; starting afresh", file=sys.stderr)
         resumed = None
     if resumed is not None:
         weights, state, meta = resumed
         try:
             load_optimizer_state(optimizer, state["optimizer"])  # checks before it changes anything
         except (ValueError, KeyError, TypeError) as err:
-            print(f"{desc}: checkpoint file {ckpts.latest() / 'state.pt'} does not fit the optimizer "
-                  f"({_one_line(err)}); starting afresh", file=sys.stderr)
+            if world.main:
+                print(f"{desc}: checkpoint file {ckpts.latest() / 'state.pt'} does not fit the optimizer "
+                      f"({_one_line(err)}); starting afresh", file=sys.stderr)
             optimizer = make_optimizer(model, named, spec)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
             resumed = None
@@ -423,8 +431,9 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
             scaler.load_state_dict(state["scaler"])
         if world.main:
             print(f"{desc}: resuming from step {step}", file=sys.stderr)
-    # The ranks start from equal parameters whatever each built or loaded (they should agree anyway).
-    world.broadcast_module(model)
+    # The step: the task's loss, or under torchrun DDP around it, which broadcasts rank 0's parameters
+    # (the ranks start equal whatever each built or loaded; they should agree anyway).
+    train_step = world.train_step(task)
     log = _Log(live_log_path(out_dir), step if resumed is not None else None) if world.main else _NoLog()
     events = (RunEvents(events_dir or run_events_dir(out_dir), batch_size=spec.batch_size, resumed=resumed is not None,
                         step=step, seconds=elapsed, offset=events_offset) if world.main else NoEvents())
@@ -462,7 +471,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     evaluated = eval_time[0]  # evaluation seconds before the loop, which `elapsed` leaves out
     # The loss is read on the host (a sync on CUDA) only at the steps `_check_due` names; between
     # them the highest loss since the last check stays on the device (NaN wins: torch.maximum).
-    sync, worst, since = world.gradient_sync([p for _, p in named]), None, step + 1
+    worst, since = None, step + 1
     model.train()
     try:
         while step < spec.steps:
@@ -472,11 +481,10 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
                 x, y = runtime.batch(x, y)
                 optimizer.zero_grad(set_to_none=True)
                 with runtime.autocast():
-                    loss = task.loss(x, y)
-                (loss if scaler is None else scaler.scale(loss)).backward()
-                # The mean over the ranks' gradients and losses (the loss itself with one process),
-                # the loss left on the device.
-                value = sync.average(loss)
+                    loss = train_step.loss(x, y)
+                # Backward; the gradients and the loss averaged over the ranks (with one process the
+                # loss itself), the loss left on the device.
+                value = train_step.backward(loss, scaler)
                 worst = value if worst is None else torch.maximum(worst, value)
                 checked = _check_due(spec, step + 1, steps_per_epoch)
                 if checked:
@@ -516,7 +524,6 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
         bar.close()
         final = evaluate(step, (step - 1) // steps_per_epoch, final=True)
     finally:
-        sync.close()
         log.close()
         events.close()
     return {"steps": step, "epochs": step / steps_per_epoch, "train_time_s": round(elapsed, 3),

@@ -85,6 +85,41 @@ def test_auto_on_a_cuda_machine_is_cuda_in_bf16_with_tf32(monkeypatch):
         runtime({}, device="cuda:3")
 
 
+def test_attention_maps_are_ieee_fp32_while_the_process_runs_tf32(monkeypatch):
+    # On CUDA linvit.device turns TF32 on for the whole process; the maps that the losses, the
+    # fidelity and gpucheck call float32 are computed with IEEE fp32 products, the setting restored
+    # afterwards, error or not. No CUDA here: the setting each map's computation runs under is checked.
+    import linvit.attention.base as base
+    from linvit.attention import LinearAttention, attention_maps
+    from linvit.models import build_vit
+
+    seen = []
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+
+    def spy(real):
+        def compute(*args, **kwargs):
+            seen.append((matmul.fp32_precision, conv.fp32_precision))
+            return real(*args, **kwargs)
+        return compute
+
+    monkeypatch.setattr(base, "softmax_attention_maps", spy(base.softmax_attention_maps))
+    monkeypatch.setattr(LinearAttention, "attention_maps", spy(LinearAttention.attention_maps))
+    before = matmul.fp32_precision, conv.fp32_precision
+    try:
+        matmul.fp32_precision = conv.fp32_precision = "tf32"  # as linvit.device sets them on CUDA
+        x = torch.randn(2, 17, 64)
+        for variant in ("softmax", "elu"):
+            attn = build_vit("micro", num_classes=4, img_size=16, in_chans=1, variant=variant).blocks[0].attn
+            assert attention_maps(attn, x, grad=True).dtype == torch.float32
+        assert seen == [("ieee", "ieee")] * 2
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("tf32", "tf32")
+        with pytest.raises(RuntimeError):
+            attention_maps(attn, torch.randn(2, 17, 5))  # a wrong width fails inside
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("tf32", "tf32")
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = before
+
+
 @pytest.mark.parametrize("rt, flag, message", [
     ({}, "tpu", r"^--device: unknown device 'tpu'; known: auto, cpu, cuda, cuda:N$"),
     ({"device": "cpu"}, "cuda", r"^--device: device 'cuda' requested but torch.cuda.is_available\(\) is False "

@@ -1,7 +1,9 @@
 """Data parallelism with torchrun, on the CPU (gloo): two processes are one process, split in two.
 
-Each test launches the real `linvit` command under `torchrun --standalone --nproc-per-node 2`, as a
-rule with `gpu: 2` does (on GPUs the same code uses NCCL).
+The end-to-end tests launch the real `linvit` command under `torchrun --standalone --nproc-per-node 2`,
+as a rule with `gpu: 2` does (on GPUs the same code uses NCCL); the others start two gloo ranks of
+`linvit.train.fit` with torch.multiprocessing (`linvit.dpcheck`, unused parameters), or play one rank
+in process.
 """
 
 import json
@@ -33,8 +35,14 @@ CONFIG = {
                           "label_smoothing": 0.1, "eval_every": 8, "checkpoint_every": 4, "log_every": 1}},
     "student": {"train": {"steps": 4, "batch_size": 16, "lr": 1e-3}},
     "distill": {"loss": "mse", "train": {"steps": 6, "batch_size": 16, "lr": 1e-3, "log_every": 1}},
+    # Phases: the attention alone (the other groups frozen), then every parameter, of which the
+    # teacher-forced block_l2 leaves the embedding, final norm and head without a gradient.
+    "distill_designs": {"phased": {"phases": [{"losses": ["map_ce"], "fraction": 0.5},
+                                              {"losses": ["block_l2"], "freeze": False}]}},
     "init_strategies": {"random": {"copy": [], "distill": False},
-                        "copy_mlp_distill": {"copy": ["embed", "mlp", "norm", "head"], "distill": True}},
+                        "copy_mlp_distill": {"copy": ["embed", "mlp", "norm", "head"], "distill": True},
+                        "transfer": {"copy": [], "distill": False,
+                                     "train_losses": [{"loss": "map_ce", "weight": 3.0, "forced": False}]}},
 }
 
 
@@ -159,31 +167,47 @@ def test_a_killed_two_process_job_resumes(setup, resume_with):
     assert all((a[k] - b[k]).abs().max() < 1e-4 for k in a)
 
 
-@pytest.mark.parametrize("loss", ["proj_mse", "map_ce"])
-def test_distillation_under_two_processes_is_that_of_one(setup, loss):
-    # The teacher-forced distillation calls blocks of two models, not one forward: the gradient
-    # all-reduce serves it as it serves classification.
-    tmp, _ = setup
-    config = {**CONFIG, "distill": {**CONFIG["distill"], "loss": loss}}
-    (tmp / f"{loss}.yaml").write_text(yaml.safe_dump(config))
-
-    def distill(out, nproc):
-        cmd = ["linvit", "distill", "--config", str(tmp / f"{loss}.yaml"), "--dataset", "synthetic",
-               "--size", "micro", "--variant", "elu", "--init", "copy_mlp_distill", "--design", loss,
-               "--seed", "0", "--teacher", str(tmp / "one"),
-               "--shards", str(tmp / "shards"), "--out", str(out), "--threads", "1"]
-        return run(["torchrun", "--standalone", f"--nproc-per-node={nproc}", "--no-python", *cmd]
-                   if nproc > 1 else cmd, cwd=tmp)
-
-    distill(tmp / f"d1-{loss}", 1)
-    distill(tmp / f"d2-{loss}", 2)
-    one, two = records(tmp / f"d1-{loss}"), records(tmp / f"d2-{loss}")
-    assert [r["step"] for r in two] == list(range(1, 7))
-    for a, b in zip(one, two):  # relative: the mse loss is ~5e-3 (measured: differences ~1e-7 of it)
+def _parity(tmp, cmd, name):
+    """`cmd` run by one process and by two (torchrun): the same steps, losses within 1e-4 relative
+    (measured: ~2e-7) and weights within 1e-4 (measured: up to 9e-6, AdamW's normalized steps
+    carrying the loss's float rounding into the weights)."""
+    run(cmd + ["--out", str(tmp / f"{name}-1")], cwd=tmp)
+    run(["torchrun", "--standalone", "--nproc-per-node=2", "--no-python", *cmd, "--out", str(tmp / f"{name}-2")],
+        cwd=tmp)
+    one, two = records(tmp / f"{name}-1"), records(tmp / f"{name}-2")
+    assert [(r.get("phase"), r["step"]) for r in one] == [(r.get("phase"), r["step"]) for r in two]
+    for a, b in zip(one, two):
         assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(a["loss"]), (a, b)
-    a = load_file(tmp / f"d1-{loss}" / "model.safetensors")
-    b = load_file(tmp / f"d2-{loss}" / "model.safetensors")
+    a, b = load_file(tmp / f"{name}-1" / "model.safetensors"), load_file(tmp / f"{name}-2" / "model.safetensors")
     assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-4 for k in a)
+    return one
+
+
+@pytest.mark.parametrize("design", ["map_ce", "phased"])
+def test_distillation_under_two_processes_is_that_of_one(setup, design):
+    # One module (the student, the teacher's views, the terms) in DDP. map_ce: the attention trains,
+    # the copied groups are frozen. phased: a second phase is a second DDP, over every parameter,
+    # some of which get no gradient (static_graph finds them; AdamW must skip them as alone).
+    tmp, _ = setup
+    config = {**CONFIG, "distill": {**CONFIG["distill"], "loss": "map_ce"}}
+    (tmp / "distill.yaml").write_text(yaml.safe_dump(config))
+    cmd = ["linvit", "distill", "--config", str(tmp / "distill.yaml"), "--dataset", "synthetic", "--size", "micro",
+           "--variant", "elu", "--init", "copy_mlp_distill", "--design", design, "--seed", "0",
+           "--teacher", str(tmp / "one"), "--shards", str(tmp / "shards"), "--threads", "1"]
+    one = _parity(tmp, cmd, f"d-{design}")
+    assert [r["step"] for r in one] == (list(range(1, 7)) if design == "map_ce" else [1, 2, 3, 1, 2, 3])
+
+
+def test_a_student_with_a_loss_against_the_teacher_under_two_processes_is_that_of_one(setup):
+    # The student task with an objective (end-to-end map_ce against the frozen teacher) beside its
+    # cross-entropy: the teacher is a frozen submodule of the one module DDP wraps.
+    tmp, _ = setup
+    (tmp / "student.yaml").write_text(yaml.safe_dump(CONFIG))
+    cmd = ["linvit", "student", "--config", str(tmp / "student.yaml"), "--dataset", "synthetic", "--size", "micro",
+           "--variant", "elu", "--init", "transfer", "--seed", "0", "--teacher", str(tmp / "one"),
+           "--shards", str(tmp / "shards"), "--threads", "1"]
+    one = _parity(tmp, cmd, "s-transfer")
+    assert [r["step"] for r in one] == [4]  # student.train: 4 steps, logged at the last
 
 
 def test_a_batch_that_does_not_split_evenly_is_one_line(setup):
@@ -217,31 +241,49 @@ def test_a_rule_with_two_gpus_trains_under_torchrun(tmp_path):
     # the rule's command, the ranks' split and rank 0's outputs work through Snakemake.
     cmd = ["snakemake", "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"),
            "--set-resources", "teacher:gpu=2", "--directory", str(tmp_path),
-           "--snakefile", str(REPO / "Snakefile"), "results/teacher/micro/metrics.json"]
+           "--snakefile", str(REPO / "Snakefile"), "results/teacher/micro/seed0/metrics.json"]
     run(cmd, cwd=REPO)
-    log = (tmp_path / "results/logs/teacher/micro.log").read_text()
+    log = (tmp_path / "results/logs/teacher/micro/seed0.log").read_text()
     assert "teacher micro: data parallel over 2 processes (gloo), 16 samples each of every batch of 32" in log
     assert log.count("teacher micro: step 12/12") == 1 and log.count("test accuracy") == 1
-    steps = [r["step"] for r in records(tmp_path / "results/teacher/micro")]
+    steps = [r["step"] for r in records(tmp_path / "results/teacher/micro/seed0")]
     assert steps == sorted(set(steps)) and steps[-1] == 12
-    metrics = json.loads((tmp_path / "results/teacher/micro/metrics.json").read_text())
+    metrics = json.loads((tmp_path / "results/teacher/micro/seed0/metrics.json").read_text())
     assert metrics["steps"] == 12 and metrics["images_seen"] == 12 * 32
 
 
 # ----------------------------------------------------------------------------- streams, process group, buckets
 
-def test_each_rank_draws_its_own_dropout_and_rank_zero_draws_what_one_process_does():
-    # Two gloo ranks of the real loop (linvit.train.fit) on an MLP with dropout, and one process alone
-    # with the per-rank batch: the ranks' masks differ, rank 0's are the lone process's, and the
-    # parameters are equal to the bit across ranks (several gradient buckets per step).
+def test_the_data_parallel_check_two_ranks_against_one_process_in_every_precision():
+    # Two gloo ranks of the real loop (linvit.train.fit, DDP with several buckets) against one
+    # process on the full batch, in fp32, bf16 and fp16 with a GradScaler: every step's gradients
+    # and loss within the precision's tolerance (measured here: fp32 1.7e-7, bf16 5.3e-3, fp16 5.2e-4
+    # relative), parameters equal to the bit across ranks. With dropout: the ranks' masks differ,
+    # rank 0's are those of one process with the per-rank batch.
     from linvit import dpcheck
 
     result = dpcheck.check("cpu", steps=4, batch=16)
     assert result["backend"] == "gloo"
+    assert [p["precision"] for p in result["parity"]] == ["fp32", "bf16", "fp16"]
+    for p in result["parity"]:
+        assert p["ok"] and p["steps_compared"] == 4 and p["param_max_diff_across_ranks"] == 0.0, p
+    assert result["parity"][0]["grad_rel_diff"] < 1e-5, result["parity"][0]
     assert result["params_equal"], result
     assert result["masks_differ"] and 0.3 < result["mask_fraction_differing"] < 0.7, result
     assert result["rank0_masks_are_one_process"], result
     assert result["ok"]
+
+
+def test_the_data_parallel_check_catches_ranks_that_sum_instead_of_averaging():
+    # A sum over the ranks doubles every gradient, which AdamW's normalized step all but hides in the
+    # loss and the weights: the check compares the gradients the optimizer sees.
+    from linvit import dpcheck
+
+    result = dpcheck.check("cpu", steps=2, batch=8, precisions=("fp32",), fault="sum")
+    (p,) = result["parity"]
+    assert not p["ok"] and not result["ok"]
+    assert abs(p["grad_rel_diff"] - 1.0) < 1e-3, p  # 2g against g
+    assert p["param_max_diff_across_ranks"] == 0.0  # the ranks still agree with each other
 
 
 def test_rank_seeds_keep_rank_zero_and_split_the_others():
@@ -322,74 +364,184 @@ def test_the_group_is_joined_with_a_timeout_and_this_rank_s_gpu(monkeypatch):
 
 
 def test_a_bad_bucket_size_is_one_line(monkeypatch):
-    import torch
+    from linvit.distributed import bucket_mb
 
-    from linvit.distributed import World
-
+    assert bucket_mb() is None  # DDP's own default
+    monkeypatch.setenv("LINVIT_BUCKET_MB", "0.5")
+    assert bucket_mb() == 0.5
     monkeypatch.setenv("LINVIT_BUCKET_MB", "0")
     with pytest.raises(ValueError, match=r"^environment variable LINVIT_BUCKET_MB='0' is not a positive number$"):
-        World(rank=0, size=2).gradient_sync([torch.nn.Parameter(torch.zeros(3))])
+        bucket_mb()
 
 
-def _buckets_rank(rank, port, out):
-    """One of two gloo ranks: GradientSync's bucketed, overlapped averaging against the mean of the
-    two ranks' own gradients (gathered); written to out/rank<r>.pt."""
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-
+def test_a_job_over_several_nodes_is_one_line_before_joining(monkeypatch):
     from linvit.distributed import World
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
-    try:
+    joined = _cuda_machine(monkeypatch, count=2, local_rank=1)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    with pytest.raises(ValueError) as err:
+        World.from_env("cpu")
+    assert str(err.value) == ("torchrun started this job's 4 processes on several nodes (GROUP_WORLD_SIZE=2, "
+                              "LOCAL_WORLD_SIZE=2): linvit trains data-parallel on one node only; use torchrun "
+                              "--standalone --nproc-per-node N")
+    monkeypatch.delenv("GROUP_WORLD_SIZE")  # the local count alone says so too
+    with pytest.raises(ValueError, match="on several nodes"):
+        World.from_env("cuda")
+    assert joined == []
+    monkeypatch.setenv("WORLD_SIZE", "2")  # one node: torchrun --standalone
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "1")
+    assert World.from_env("cpu") == World(rank=1, size=2, local_rank=1) and len(joined) == 1
+
+
+class _Toy:
+    """A task whose layer `b` serves the loss on the ranks and steps `uses_b(rank, step)` says."""
+
+    def __init__(self, rank, uses_b):
+        import torch
+        from torch import nn
+
         torch.manual_seed(0)
-        # The unused layer is registered first: its bucket (the last) waits for `average`.
-        model = nn.ModuleDict({"unused": nn.Linear(3, 3), "net": nn.Sequential(
-            nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 4))})
-        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
-        loss = model["net"](x).square().mean()
-        loss.backward()
-        own = [p.grad.clone() for p in model["net"].parameters()]
-        both = []
-        for g in own + [loss.detach().reshape(1)]:
-            parts = [torch.empty_like(g) for _ in range(2)]
-            dist.all_gather(parts, g)
-            both.append((parts[0] + parts[1]) / 2)
-        model.zero_grad(set_to_none=True)
-        sync = World(rank=rank, size=2).gradient_sync(model.parameters(), bucket_mb=4096 / 2**20)
-        for _ in range(2):  # twice: the state is reset between steps
-            model.zero_grad(set_to_none=True)
-            loss = model["net"](x).square().mean()
-            loss.backward()
-            during = len(sync.launched)
-            mean = sync.average(loss)
-        sync.close()
-        torch.save({"buckets": len(sync.buckets), "during_backward": during, "hooks": len(sync.hooks),
-                    "exact": all(torch.equal(p.grad, e) for p, e in zip(model["net"].parameters(), both)),
-                    "loss_exact": torch.equal(mean.reshape(1), both[-1]),
-                    "unused": [p.grad for p in model["unused"].parameters()]}, f"{out}/rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        self.model = nn.ModuleDict({"a": nn.Linear(16, 16), "b": nn.Linear(16, 16), "head": nn.Linear(16, 4)})
+        self.rank, self.uses_b, self.calls = rank, uses_b, 0
+
+    def trainable(self):
+        return list(self.model.named_parameters())
+
+    def loss(self, x, y):
+        import torch.nn.functional as F
+
+        h = self.model["a"](x)
+        if self.uses_b(self.rank, self.calls):
+            h = self.model["b"](h)
+        self.calls += 1
+        return F.cross_entropy(self.model["head"](h), y)
+
+    def evaluate(self, final):
+        return {}
 
 
-def test_bucketed_averaging_overlaps_backward_and_equals_the_mean_to_the_bit(tmp_path):
-    import socket
+def _toy_rank(rank, port, out, when):
+    """One of two gloo ranks training `_Toy` through fit; `when`: "always" (b unused on rank 1 at
+    every step) or "later" (rank 1 stops using b at its third step). Writes out/rank<r>.pt."""
+    import os
 
     import torch
+
+    from linvit.device import runtime
+    from linvit.distributed import DataParallelError, shutdown
+    from linvit.dpcheck import _Data
+    from linvit.train import TrainSpec, fit
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), LINVIT_DIST_TIMEOUT_MIN="1")  # a hang would fail, not wait 30 min
+    torch.set_num_threads(1)
+    uses_b = (lambda r, step: r == 0) if when == "always" else (lambda r, step: r == 0 or step < 2)
+    task = _Toy(rank, uses_b)
+    try:
+        rt = runtime({}, "cpu")
+        fit(task, TrainSpec(steps=4, batch_size=8, lr=1e-2), _Data(32, 0), f"{out}/run", seed=0, runtime=rt)
+        torch.save({k: v.detach().clone() for k, v in task.model.state_dict().items()}, f"{out}/rank{rank}.pt")
+    except DataParallelError as err:
+        (Path(out) / f"rank{rank}.err").write_text(str(err))
+        raise
+    finally:
+        shutdown()
+
+
+def _two_toy_ranks(tmp_path, when):
+    import socket
+
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_buckets_rank, args=(port, str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_toy_rank, args=(port, str(tmp_path), when), nprocs=2, join=True, start_method="spawn")
+
+
+def test_a_parameter_one_rank_never_uses_is_averaged_over_both(tmp_path):
+    # Layer b serves rank 0's loss only: DDP (static_graph) takes rank 1's gradient of b as zero, so
+    # both ranks step with the same mean and stay equal to the bit; b trains.
+    import torch
+
+    _two_toy_ranks(tmp_path, "always")
+    zero, one = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert all(torch.equal(zero[k], one[k]) for k in zero)
+    torch.manual_seed(0)
+    start = _Toy(0, None).model.state_dict()
+    assert not torch.equal(start["b.weight"], zero["b.weight"])
+
+
+def test_a_parameter_a_rank_stops_using_is_refused_in_one_line(tmp_path):
+    # The graph changes on rank 1 at its third step: refused there, before its optimizer step (DDP
+    # would have left that rank's gradients unaveraged); rank 0 is released, nothing hangs.
+    import torch.multiprocessing as mp
+
+    with pytest.raises(mp.ProcessRaisedException):
+        _two_toy_ranks(tmp_path, "later")
+    message = (tmp_path / "rank1.err").read_text()
+    assert message == ("data parallel step on rank 1: parameter(s) b.weight, b.bias got no gradient this step but "
+                       "did at the first: the loss's graph changed between steps, which DDP's static_graph does "
+                       "not average (linvit.distributed)")
+    assert not (tmp_path / "rank0.pt").exists() and not (tmp_path / "rank1.pt").exists()
+
+
+def test_only_rank_zero_says_a_checkpoint_is_unusable(tmp_path, monkeypatch, capsys):
+    """Every rank reads the same unusable checkpoint and starts afresh; rank 0 alone says so."""
+    import torch
+
+    from linvit.device import Runtime
+    from linvit.distributed import World
+    from linvit.dpcheck import _Data, _Task
+    from linvit.train import TrainSpec, fit
+
+    class Joined(Exception):
+        pass
+
+    def stop(*args):  # past the checkpoint: where the ranks would meet in DDP
+        raise Joined
+
+    monkeypatch.setattr(World, "train_step", stop, raising=False)
+    monkeypatch.setattr(World, "broadcast_module", stop, raising=False)  # before DDP
+    monkeypatch.setattr(World, "backend", property(lambda self: "gloo"))  # no process group in this test
+    (tmp_path / "checkpoint" / "step00000004").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "LATEST").write_text("step00000004")  # no meta.json: unreadable
+    said = []
     for rank in (0, 1):
-        r = torch.load(tmp_path / f"rank{rank}.pt")
-        # 8 tensors in 4 KiB buckets: [b3, w3, b2], [w2], [b1], [w1], [unused.b, unused.w]
-        assert r["buckets"] == 5 and r["hooks"] == 0
-        assert r["during_backward"] == 4  # launched while backward ran; the unused layer's waited
-        assert r["exact"] and r["loss_exact"]
-        assert r["unused"] == [None, None]
+        rt = Runtime(torch.device("cpu"), "fp32", world=World(rank=rank, size=2))
+        with pytest.raises(Joined):
+            fit(_Task(rt.device, 0.0), TrainSpec(steps=2, batch_size=8, lr=1e-2), _Data(16, 0), tmp_path, seed=0,
+                runtime=rt)
+        said.append(capsys.readouterr().err.count("starting afresh"))
+    assert said == [1, 0]
+
+
+def test_an_odd_batch_per_process_under_mixup_is_one_line_before_any_compute(tmp_path, monkeypatch):
+    """timm's Mixup pairs every image with another of its batch; an odd share fails its assertion in
+    every rank. Refused before the data is read or a model built, naming the keys."""
+    import torch
+
+    import linvit.steps
+    from linvit.device import Runtime
+    from linvit.distributed import World
+
+    monkeypatch.setattr(linvit.steps, "_data", lambda *a, **k: pytest.fail("read the data"))
+    mixup = {"transform": {"mixup": {"mixup_alpha": 0.8}}}
+    config = {**CONFIG, "datasets": {"synthetic": {**CONFIG["datasets"]["synthetic"], **mixup}},
+              "teacher": {**CONFIG["teacher"], "train": {**CONFIG["teacher"]["train"], "batch_size": 6}}}
+    two = Runtime(torch.device("cpu"), "fp32", world=World(rank=1, size=2))
+    with pytest.raises(ValueError) as err:
+        linvit.steps.run_teacher(config, "micro", 0, tmp_path, tmp_path / "t", runtime=two)
+    assert str(err.value) == ("config key teacher.train.batch_size: 6 gives each of the job's 2 processes 3 images, "
+                              "an odd batch, which timm's Mixup (datasets.synthetic.transform.mixup) cannot mix: it "
+                              "pairs every image with another of its batch; make the per-process batch even")
+    config["student"] = {"train": {"steps": 4, "batch_size": 5, "lr": 1e-3}}
+    with pytest.raises(ValueError, match=r"^config key student.train.batch_size: 5 is odd, which timm's Mixup"):
+        linvit.steps.run_student(config, "synthetic", "micro", "elu", "random", 0, tmp_path, tmp_path,
+                                 tmp_path / "s")
+    assert not (tmp_path / "t").exists()
 
 
 def test_a_pretrained_teacher_is_loaded_and_written_by_rank_zero_alone(tmp_path):

@@ -61,14 +61,28 @@ def test_the_data_parallel_check_is_rows_of_a_table_or_one_skipped_row(monkeypat
     assert row == {"check": "data parallel, 2 ranks", "ok": "",
                    "result": "skipped: needs 2 GPUs; this machine shows 1 CUDA device(s) (CUDA_VISIBLE_DEVICES 3)"}
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    parity = {"steps_compared": 4, "grad_rel_diff": 1.0, "loss_rel_diff": 3e-7, "tolerance": 1e-2,
+              "param_max_diff_across_ranks": 0.0, "ok": False}
     result = {"ranks": 2, "backend": "nccl", "steps": 4, "batch": 16, "param_max_diff": 0.0, "params_equal": True,
               "mask_fraction_differing": 0.5, "masks_differ": True, "rank0_masks_are_one_process": False}
-    monkeypatch.setattr(linvit.dpcheck, "check", lambda device: result)
+    asked = []
+
+    def check(device, precisions):
+        asked.append(precisions)
+        return {**result, "parity": [{**parity, "precision": p} for p in precisions]}
+
+    monkeypatch.setattr(linvit.dpcheck, "check", check)
     rows = gpucheck.data_parallel(rt)
-    assert list(rows.check) == ["processes", "parameters equal across ranks", "dropout masks differ between ranks",
+    assert asked == [["fp32", "fp16"]]  # no bf16 where the GPU has none
+    assert list(rows.check) == ["processes", "2 ranks x B/2 against 1 x B, fp32", "2 ranks x B/2 against 1 x B, fp16",
+                                "parameters equal across ranks (dropout)", "dropout masks differ between ranks",
                                 "rank 0's masks are one process's"]
-    assert list(rows.ok) == [True, True, True, False] and rows.result[2] == "50% of the entries differ"
-    monkeypatch.setattr(linvit.dpcheck, "check", lambda device: (_ for _ in ()).throw(RuntimeError("NCCL error\nmore")))
+    assert list(rows.ok) == [True, False, False, True, True, False] and rows.result[4] == "50% of the entries differ"
+    assert rows.result[1] == ("gradients 1, losses 3e-07 relative (tolerance 0.01, 4 steps); parameters across "
+                              "ranks differ by 0")
+    monkeypatch.setattr(linvit.dpcheck, "check",
+                        lambda device, precisions: (_ for _ in ()).throw(RuntimeError("NCCL error\nmore")))
     assert gpucheck.data_parallel(rt).to_dict("records") == [
         {"check": "data parallel, 2 ranks", "result": "RuntimeError: NCCL error", "ok": False}]
 

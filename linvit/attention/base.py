@@ -16,6 +16,7 @@ so the traced graph keeps the fp32 core under autocast, the mask check and hand-
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -395,16 +396,32 @@ def softmax_attention_maps(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.softmax((q.to(dtype) * attn.scale) @ k.to(dtype).transpose(-2, -1), dim=-1)
 
 
+@contextlib.contextmanager
+def ieee_fp32():
+    """CUDA's float32 matmuls and convolutions in IEEE fp32 while inside, not TF32 (which
+    linvit.device turns on for the whole process on CUDA, and cuDNN's convolutions default to); the
+    settings before are restored on the way out, exception or not. The CPU's kernels are untouched."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    before = matmul.fp32_precision, conv.fp32_precision
+    matmul.fp32_precision = conv.fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = before
+
+
 def attention_maps(attn: nn.Module, x: torch.Tensor, grad: bool = False) -> torch.Tensor:
     """Per-head N x N attention of any block attention (softmax or linear) on its input x, computed
-    with autocast off from x in at least fp32, the maps in at least fp32 (float64 stays float64).
+    with autocast off from x in at least fp32, the maps in at least fp32 (float64 stays float64),
+    and on CUDA with IEEE fp32 products, not TF32 (`ieee_fp32`).
 
     Why here, for every caller (the map losses, evaluation, figures): under a bf16/fp16 autocast the
     N x N products (softmax's logits, a linear operator's feature products and row sums) would round
     to 8 significant bits, and in fp16 overflow or underflow (performer's smallest feature products
-    fall below fp16's range: 0/0). With `grad`, gradients flow to the module through the casts."""
+    fall below fp16's range: 0/0); TF32 would round their inputs to 11 bits. With `grad`, gradients
+    flow to the module through the casts."""
     f = lambda t: t.to(torch.promote_types(t.dtype, torch.float32))  # noqa: E731
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with torch.autocast(device_type=x.device.type, enabled=False), ieee_fp32():
         if isinstance(attn, LinearAttention):
             return f(attn.attention_maps(f(x), grad=grad))
         with torch.set_grad_enabled(grad and torch.is_grad_enabled()):

@@ -33,8 +33,9 @@ COMMANDS = ["slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "sinfo", "mun
 LOCAL_RULES = {"all", "report", "report_from_results"}
 NO_ACCOUNTING = {"LINVIT_SLURM_ACCOUNT": "none", "LINVIT_SLURM_PARTITION": "default"}
 SYSTEM_CONF = Path("/etc/slurm/slurm.conf")
-# The node's GPUs: a count-only `gpu` GRES (no device files), so a job's GPU request is granted and
-# shows in its allocation on a machine without a GPU. slurmd reads gres.conf beside slurm.conf.
+# The node's GPUs: a `gpu` GRES whose "devices" are plain files (no GPU, no driver), so a job's GPU
+# request is granted and shows in its allocation on a machine without a GPU. slurmd reads gres.conf
+# beside slurm.conf.
 GRES_CONF = SYSTEM_CONF.with_name("gres.conf")
 GPUS = 2
 
@@ -201,7 +202,11 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
     pidfiles = [tmp / "slurmd.pid", tmp / "slurmctld.pid", munge_dir / "munged.pid"]
     try:
         SYSTEM_CONF.write_text(conf)
-        GRES_CONF.write_text(f"NodeName={host} Name=gpu Count={GPUS}\n")
+        # Slurm 22.05's gres/gpu counts the node's GPUs from File=, not from Count= alone (a Count-only
+        # line registers 0 and the node goes INVAL): plain files stand in for the device files.
+        for i in range(GPUS):
+            (tmp / f"gpu{i}").touch()
+        GRES_CONF.write_text(f"NodeName={host} Name=gpu File={tmp}/gpu[0-{GPUS - 1}]\n")
         for d in ("state", "spool"):
             (tmp / d).mkdir()
         subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", f"--socket={munge_dir}/munge.socket",
@@ -238,7 +243,7 @@ def test_smoke_grid_runs_through_sbatch(slurm_cluster, tmp_path):
     """The smoke grid's settings on one target and three inits (every non-local rule: shards, teacher,
     distill, reference, student, each training job evaluating its model) with `snakemake --profile slurm`.
     The students ask for a GPU (`--set-resources student:gpu=1`, as paper.yaml's do): the plugin submits
-    `--gpus=1`, the cluster's count-only `gpu` GRES grants it and `scontrol show job` shows it in the
+    `--gpus=1`, the cluster's `gpu` GRES (plain files for devices) grants it and `scontrol -d show job` shows it in the
     job's allocation; the jobs that do not ask get none. (No device: the job still trains on the CPU.)"""
     config = dict(SMOKE, targets=["synthetic"], inits=["random", "copy_all", "copy_mlp_distill"])
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
@@ -261,11 +266,16 @@ def test_smoke_grid_runs_through_sbatch(slurm_cluster, tmp_path):
     assert by_rule == expected, out[-3000:]
     assert {r for r, n in job_counts(out).items()} - {"total"} == set(expected) | {"report", "all"}
     for jobid, rule in submitted:
-        show = subprocess.run(["scontrol", "show", "job", jobid], capture_output=True, text=True).stdout
+        show = subprocess.run(["scontrol", "-d", "show", "job", jobid], capture_output=True, text=True).stdout
         assert "JobState=COMPLETED" in show, show
         assert f"Comment=rule_{rule}" in show, show
-        granted = re.search(r"AllocTRES=\S*gres/gpu=(\d+)", show)
-        assert (int(granted.group(1)) if granted else 0) == (1 if rule == "student" else 0), show
+        # Asked for (TresPerJob, from the plugin's --gpus=1) and granted (`scontrol -d`'s JOB_GRES, what
+        # the job was allocated; its TRES would count gres/gpu only with slurmdbd's
+        # AccountingStorageTRES): a student one GPU, every other job none (JOB_GRES=(null)).
+        asked = re.search(r"TresPerJob=gres:gpu:(\d+)", show)
+        granted = re.search(r"JOB_GRES=gpu(?::[A-Za-z]\w*)*:(\d+)", show)
+        gpus = 1 if rule == "student" else 0
+        assert (int(asked.group(1)) if asked else 0) == gpus and (int(granted.group(1)) if granted else 0) == gpus, show
     assert not (set(r for _, r in submitted) & LOCAL_RULES)  # the report ran here; the shards were a Slurm job
     readme = (tmp_path / "report/README.md").read_text()
     assert "C1" in readme and "C3" in readme

@@ -270,13 +270,16 @@ def bench_loader(config: dict, shards: Path, *, images: int = 4096, consumption:
 
 def plan_config(config: dict, jobs: int) -> dict:
     """The config with as many seeds as it takes for about `jobs` jobs (the other axes as they are)."""
-    from .grid import all_cells
+    from .grid import all_cells, teacher_keys
 
     one = {**config, "seeds": [0]}
     cells = all_cells(one)
     distills = len({c.distill_key for c in cells if c.distills})
-    per_seed = 2 * len(cells) + distills  # a student or reference and its evaluation; the distillations
-    fixed = len(one["targets"]) + len(config["sizes"]) + 2  # shards, teachers, report, all
+    # Per seed: its students and reference (each evaluating its model), its distillations, and its
+    # teachers when they are replicated per seed (teacher.seed: per_seed).
+    per_seed_teachers = len(teacher_keys({**config, "seeds": [0, 1]})) - len(teacher_keys(one))
+    per_seed = len(cells) + distills + per_seed_teachers
+    fixed = len(one["targets"]) + len(teacher_keys(one)) - per_seed_teachers + 3  # shards, shared teachers, report, all
     seeds = max(1, math.ceil((jobs - fixed) / per_seed))
     return {**config, "seeds": list(range(seeds))}
 

@@ -509,7 +509,8 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
                           split_digest(data.info))
         # The evaluation in the job that trained the model: no second process re-importing torch and
         # reloading the model, the teacher and the test split (a job costs its steps).
-        write_json(out_dir / EVALUATION, _evaluation(config, metrics, student, teacher, data, runtime))
+        _write_evaluation(out_dir, metrics, _evaluation(config, metrics, student, teacher, data, runtime),
+                          out_dir / EVALUATION)
     return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": student.state_dict()},
                    _arch(student, arch, size, variant, data, dataset), runtime)
 

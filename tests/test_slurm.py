@@ -290,11 +290,11 @@ def test_a_job_slurm_kills_is_resubmitted_and_resumes(slurm_cluster, tmp_path):
                                                           checkpoint_every=20, eval_every=0))
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
     os.symlink(REPO / "slurm", tmp_path / "slurm")
-    teacher = tmp_path / "results/teacher/micro"
+    teacher = tmp_path / "results/teacher/micro/seed0"  # seed 0's own teacher (teacher.seed: per_seed)
     with open(tmp_path / "snakemake.out", "w") as sink:
         proc = subprocess.Popen(["snakemake", "--profile", "slurm", "-s", SNAKEFILE, "--configfile", "grid.yaml",
                                  "--slurm-init-seconds-before-status-checks", "2", "--retries", "1",
-                                 "results/teacher/micro/model.json"],
+                                 "results/teacher/micro/seed0/model.json"],
                                 cwd=tmp_path, env=profile_env(**NO_ACCOUNTING), stdout=sink, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 120
@@ -318,7 +318,7 @@ def test_a_job_slurm_kills_is_resubmitted_and_resumes(slurm_cluster, tmp_path):
     jobs = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_teacher/", out)
     assert len(jobs) == 2 and jobs[0] == killed[0], out[-3000:]
     assert re.search(r"mem_mb=8000\b.*runtime=120\b|runtime=120\b.*mem_mb=8000\b", out), out[-3000:]  # attempt 2
-    log = (tmp_path / "results/logs/teacher/micro.log").read_text()
+    log = (tmp_path / "results/logs/teacher/micro/seed0.log").read_text()
     resumed = re.search(r"^teacher micro\S*: resuming from step (\d+)$", log, re.M)
     assert resumed, log[:3000]
     step = int(resumed.group(1))

@@ -99,7 +99,8 @@ def cmd_teacher(args):
     rt = _runtime(args, config)
     m = run_teacher(config, args.size, args.seed, args.shards, args.out, runtime=rt)
     if "source" in m:  # loaded, not trained
-        _say(rt, f"teacher {args.size}: {m['model']} loaded from {m['file'] or 'timm hub/cache'} "
+        which = f" seed {m['seed']}" if "seed" in m else ""
+        _say(rt, f"teacher {args.size}{which}: {m['model']} loaded from {m['file'] or 'timm hub/cache'} "
                  f"({m['params']} parameters)")
     else:
         _say(rt, f"teacher {args.size} seed {args.seed}: test accuracy {m['test_acc']:.4f} after {m['steps']} steps")

@@ -173,6 +173,8 @@ def check_names(config: dict) -> None:
     _known("variant", "variants", config["variants"], names("variant"))
     teachers = config.get("teachers", {})
     _known("size", "sizes", config["sizes"], {*SIZES, *teachers})
+    for size in config["sizes"]:
+        _check_replicates(config, size)
     datasets = config["datasets"]
     _known("dataset", "targets", config["targets"], datasets)
     trained = trained_sizes(config)
@@ -244,29 +246,78 @@ def pretrained(config: dict, size: str) -> dict | None:
     return config.get("teachers", {}).get(size)
 
 
+def checkpoint(config: dict, size: str, seed=None) -> dict:
+    """The checkpoint student seed `seed` of a pretrained size copies from: its `teachers:` entry, or
+    where the entry lists `replicates`, replicate number `seed` laid over the entry's keys (a replicate
+    gives its own `file`, and may give its own `model`/`model_args`). Without `replicates` the seed is
+    not used: every seed copies from the one checkpoint."""
+    entry = pretrained(config, size)
+    if entry is None:
+        raise ConfigError(f"config key teachers.{size}: {size!r} is not a pretrained teacher")
+    base = {k: v for k, v in entry.items() if k != "replicates"}
+    replicates = entry.get("replicates")
+    if not replicates:
+        return base
+    if seed is None:
+        raise ConfigError(f"config key teachers.{size}.replicates: {len(replicates)} checkpoints, one per "
+                          f"student seed; say which (--seed)")
+    seed = int(seed)
+    if not 0 <= seed < len(replicates):
+        raise ConfigError(f"config key teachers.{size}.replicates: seed {seed} has no checkpoint ({len(replicates)} "
+                          f"listed, for seeds 0-{len(replicates) - 1}); list one per seed, or use those seeds")
+    return {**base, **replicates[seed]}
+
+
+def _check_replicates(config: dict, size: str) -> None:
+    """Every seed of the grid has its own checkpoint, and no two replicates are the same checkpoint
+    (they would count one teacher twice, and the intervals would claim more than the data hold)."""
+    entry = pretrained(config, size)
+    if not entry or "replicates" not in entry:
+        return
+    for seed in config["seeds"]:
+        checkpoint(config, size, seed)
+    seen = {}
+    for i in range(len(entry["replicates"])):
+        c = checkpoint(config, size, i)
+        same = json.dumps([c.get("model"), c.get("file"), c.get("model_args")], sort_keys=True)
+        if same in seen:
+            raise ConfigError(f"config key teachers.{size}.replicates[{i}]: the same checkpoint as "
+                              f"replicates[{seen[same]}]; each seed needs its own")
+        seen[same] = i
+
+
 # How a grid's teachers are replicated (teacher_design): what every verdict's intervals are over.
-PER_SEED = "per_seed"      # a trained teacher per student seed: the intervals cover teachers
-ONE_TEACHER = "one"        # one trained teacher for every seed (teacher.seed an integer): conditional on it
-CHECKPOINT = "checkpoint"  # a pretrained teacher (teachers:): the verdicts are about that checkpoint
+PER_SEED = "per_seed"        # a trained teacher per student seed: the intervals cover teachers
+ONE_TEACHER = "one"          # one trained teacher for every seed (teacher.seed an integer): conditional on it
+CHECKPOINT = "checkpoint"    # a pretrained teacher (teachers:): the verdicts are about that checkpoint
+CHECKPOINTS = "checkpoints"  # pretrained checkpoints, one per seed (teachers.<size>.replicates): they cover them
 
 
 def teacher_design(config: dict, size: str) -> str:
     """How the teacher of `size` is replicated across the grid's seeds: PER_SEED (the default where the
-    harness trains it; `teacher.seed: per_seed` or left out), ONE_TEACHER (`teacher.seed: <int>`) or
-    CHECKPOINT (a pretrained teacher, `teachers:`)."""
-    if pretrained(config, size) is not None:
-        return CHECKPOINT
+    harness trains it; `teacher.seed: per_seed` or left out), ONE_TEACHER (`teacher.seed: <int>`),
+    CHECKPOINT (a pretrained teacher, `teachers:`) or CHECKPOINTS (`teachers.<size>.replicates`)."""
+    entry = pretrained(config, size)
+    if entry is not None:
+        return CHECKPOINTS if entry.get("replicates") else CHECKPOINT
     seed = (config.get("teacher") or {}).get("seed", PER_SEED)
     return PER_SEED if seed == PER_SEED else ONE_TEACHER
 
 
+def replicated(config: dict, size: str) -> bool:
+    """Whether every seed of `size` has its own teacher (PER_SEED or CHECKPOINTS), so that the seed-to-seed
+    variation holds the teacher-to-teacher variation and the intervals cover teachers."""
+    return teacher_design(config, size) in (PER_SEED, CHECKPOINTS)
+
+
 def teacher_seed(config: dict, size: str, seed) -> int | None:
     """The seed of the teacher that student seed `seed` of `size` copies from: the student's own under
-    PER_SEED, `teacher.seed` under ONE_TEACHER, None for a pretrained checkpoint (which has no seed)."""
+    PER_SEED and CHECKPOINTS (replicate number `seed`), `teacher.seed` under ONE_TEACHER, None for one
+    pretrained checkpoint (which has no seed)."""
     design = teacher_design(config, size)
     if design == CHECKPOINT:
         return None
-    return int(seed) if design == PER_SEED else int(config["teacher"]["seed"])
+    return int(config["teacher"]["seed"]) if design == ONE_TEACHER else int(seed)
 
 
 def trained_sizes(config: dict) -> list[str]:

@@ -9,6 +9,8 @@ path functions take plain strings, so the rules pass Snakemake wildcards ("{size
                                                          student seed by default (rule teacher)
     results/teacher/<size>/                              a pretrained teacher (rule teacher_pretrained,
                                                          config.teachers)
+    results/teacher/<size>/seed<s>/                      or, where teachers.<size>.replicates lists several
+                                                         checkpoints, seed s's (rule teacher_replicate)
     results/distill/<dataset>/<size>/<variant>/<init>/<design>/seed<s>/
                                                          stage 1: the student after distillation (rule distill)
     results/students/<dataset>/<size>/<variant>/<init>/<design>/steps<budget>/seed<s>/
@@ -26,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import NO_DESIGN, REFERENCE_INIT, budgets, designs, kd_reference, teacher_seed, trained_sizes
+from .config import (CHECKPOINT, CHECKPOINTS, NO_DESIGN, REFERENCE_INIT, budgets, designs, kd_reference, teacher_design,
+                     teacher_seed, trained_sizes)
 from .registry import SOFTMAX
 
 # The softmax reference runs the teacher's own attention; it is identified by its init (REFERENCE_INIT),
@@ -146,6 +149,13 @@ def teacher_of(config: dict, size: str, seed, results: str | Path = RESULTS) -> 
     """The folder of the teacher that student seed `seed` of `size` copies from (linvit.config.teacher_seed):
     its own teacher by default, the one teacher under `teacher.seed: <int>`, or the pretrained one."""
     return teacher_dir(size, teacher_seed(config, size, seed), results)
+
+
+def teacher_rule(config: dict, size: str) -> str:
+    """The rule that makes the teachers of `size`: `teacher` trains them, `teacher_pretrained` loads a
+    pretrained checkpoint, `teacher_replicate` one of several (`teachers.<size>.replicates`, one per seed)."""
+    design = teacher_design(config, size)
+    return {CHECKPOINT: "teacher_pretrained", CHECKPOINTS: "teacher_replicate"}.get(design, "teacher")
 
 
 def teacher_keys(config: dict) -> list[str]:
@@ -275,9 +285,9 @@ def jobs(config: dict, results: str | Path = RESULTS, report: str | Path = REPOR
             key = teacher_key(size, t)
             if key not in teachers:
                 folder = teacher_dir(size, t, results)
-                teachers[key] = (Job("teacher_pretrained", key, _files(folder, PRETRAINED_FILES),
+                teachers[key] = (Job(teacher_rule(config, size), key, _files(folder, PRETRAINED_FILES),
                                      log_path("teacher", key, results), benchmark_path("teacher", key, results))
-                                 if t is None else
+                                 if size not in trained else
                                  Job("teacher", key, _files(folder, MODEL_FILES), log_path("teacher", key, results),
                                      benchmark_path("teacher", key, results), (shards[teacher_data[0]].name,)))
     out += teachers.values()

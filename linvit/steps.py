@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from . import inputs
-from .config import NO_DESIGN, REFERENCE_INIT, design_spec, get, init_strategy, pretrained
+from .config import NO_DESIGN, REFERENCE_INIT, checkpoint, design_spec, get, init_strategy, pretrained
 from .data.loader import ShardSet, read_manifest
 from .data.shards import MANIFEST
 from .device import Runtime, cpu_runtime
@@ -239,11 +239,12 @@ def run_shards(config: dict, dataset: str, out_dir: str | Path, workers: int | N
 def run_teacher(config: dict, size: str, seed: int | None, shards_dir, out_dir,
                 runtime: Runtime | None = None) -> dict:
     """The softmax teacher of `size`: loaded when config.teachers names it (timm's hub, its cache, or
-    a file), else pretrained here on config.teacher.dataset."""
-    entry = pretrained(config, size)
+    a file; with `replicates`, the checkpoint of student seed `seed`), else pretrained here on
+    config.teacher.dataset with `seed`."""
     runtime = runtime or cpu_runtime()
-    if entry is not None:
-        return _load_teacher(config, size, entry, out_dir, runtime)
+    if pretrained(config, size) is not None:
+        # The job of a replicate gets its checkpoint alone (workflow: checkpoint_config) and its --seed.
+        return _load_teacher(config, size, checkpoint(config, size, seed), out_dir, runtime, seed)
     dataset = get(config, "teacher.dataset")
     if seed is None or shards_dir is None:
         raise ValueError(f"teacher {size!r} is trained on {dataset!r}: give --seed and --shards")
@@ -265,8 +266,9 @@ def run_teacher(config: dict, size: str, seed: int | None, shards_dir, out_dir,
                    runtime)
 
 
-def _load_teacher(config: dict, size: str, entry: dict, out_dir, runtime: Runtime) -> dict:
-    """A pretrained teacher into the teacher folder: its weights, as timm names them, and model.json.
+def _load_teacher(config: dict, size: str, entry: dict, out_dir, runtime: Runtime, replicate=None) -> dict:
+    """A pretrained teacher into the teacher folder: its weights, as timm names them, and model.json
+    (`replicate`: the student seed whose checkpoint it is, where one was given).
     Under torchrun rank 0 alone loads and writes; the other ranks wait for it at a barrier and read its
     metrics (ranks writing the same files at once could leave a torn one)."""
     out_dir = _start(out_dir, runtime)
@@ -281,7 +283,8 @@ def _load_teacher(config: dict, size: str, entry: dict, out_dir, runtime: Runtim
     write_json(out_dir / "config.json", provenance(config))
     metrics = {"size": size, "variant": SOFTMAX, "model": entry["model"], "source": arch["source"],
                "file": entry.get("file"), "params": sum(p.numel() for p in model.parameters()),
-               "load_time_s": round(time.perf_counter() - start, 3)}
+               "load_time_s": round(time.perf_counter() - start, 3),
+               **({"seed": int(replicate)} if replicate is not None else {})}
     write_json(out_dir / "metrics.json", metrics)
     runtime.world.barrier()
     return metrics

@@ -339,6 +339,9 @@ def test_an_undecided_test_says_how_many_seeds_would_decide_it(tmp_path):
     # Decided tests (C1 holds) and reported ones give none.
     assert all(math.isnan(t.seeds_needed) for t in verdicts[0].cells[0].tests if t.outcome == HOLDS)
     assert "each with its own teacher" not in mde_markdown(verdicts, {**config, "teacher": {"seed": 0}})
+    replicates = {**config, "teachers": {"tiny": {"model": "deit_tiny_patch16_224", "replicates": [
+        {"file": f"run{i}.safetensors"} for i in range(3)]}}}
+    assert "paired seeds (each with its own checkpoint: as many checkpoints)" in mde_markdown(verdicts, replicates)
 
 
 def test_every_verdict_says_what_its_intervals_are_over(tmp_path):
@@ -351,6 +354,10 @@ def test_every_verdict_says_what_its_intervals_are_over(tmp_path):
     assert intervals_over(one) == "over 3 seeds and the test images, conditional on one teacher (seed 2)"
     checkpoint = {**config, "teachers": {"tiny": {"model": "deit_tiny_patch16_224"}}}
     assert intervals_over(checkpoint) == "over 3 seeds and the test images, for this checkpoint (deit_tiny_patch16_224)"
+    replicates = {**config, "teachers": {"tiny": {"model": "deit_tiny_patch16_224", "replicates": [
+        {"file": f"run{i}.safetensors"} for i in range(3)]}}}
+    assert intervals_over(replicates) == ("over 3 seeds, each with its own checkpoint of deit_tiny_patch16_224 "
+                                          "(teachers.tiny.replicates), and the test images")
     mixed = {**config, "sizes": ["tiny", "fashion_vit"],
              "teachers": {"fashion_vit": {"model": "vit_tiny_patch16_224", "file": "data/vit.safetensors"}}}
     assert intervals_over(mixed) == ("tiny: over 3 seeds, each with its own teacher, and the test images; "
@@ -370,7 +377,11 @@ def test_the_reports_calibration_shows_the_grids_teacher_design():
 
     per_seed = coverage_section({**BASE, "variants": ["linA"]})
     assert "**A teacher per seed" in per_seed and "**One teacher" not in per_seed
-    assert "This grid uses a teacher per seed, so the intervals cover the teacher-to-teacher variation" in per_seed
+    assert "This grid uses a teacher (or checkpoint) per seed, so the intervals cover the teacher-to-teacher" in per_seed
+    # Several checkpoints, one per seed, replicate as trained teachers do: the same rows.
+    replicates = {**BASE, "teachers": {"tiny": {"model": "deit_tiny_patch16_224", "replicates": [
+        {"file": f"run{i}.safetensors"} for i in range(3)]}}}
+    assert coverage_section(replicates) == per_seed
     for one in ({**BASE, "teacher": {"seed": 0}}, {**BASE, "teachers": {"tiny": {"model": "deit_tiny_patch16_224"}}}):
         text = coverage_section(one)
         assert "**One teacher for every seed" in text and "**A teacher per seed" not in text

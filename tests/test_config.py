@@ -156,3 +156,29 @@ def test_an_unknown_name_lists_the_known_ones_in_plain_english(updates, known):
     with pytest.raises(ConfigError) as err:
         validate(changed(**updates))
     assert known in str(err.value) and "losss" not in str(err.value), str(err.value)
+
+
+def test_replicated_checkpoints_map_student_seed_s_to_replicate_s():
+    """teachers.<size>.replicates: seed s loads replicate s laid over the entry's keys, and the grid's
+    teacher for seed s lives in the trained teachers' layout (<size>/seed<s>); one checkpoint keeps its
+    folder and every seed shares it."""
+    from linvit import grid
+    from linvit.config import CHECKPOINT, CHECKPOINTS, checkpoint, replicated, teacher_design
+    from linvit.steps import run_teacher
+
+    entry = {"model": "deit_tiny_patch16_224", "model_args": {"depth": 2},
+             "replicates": [{"file": "a.pth"}, {"file": "b.safetensors", "model_args": {"depth": 4}}]}
+    config = {"sizes": ["deit"], "seeds": [0, 1], "teachers": {"deit": entry}}
+    assert teacher_design(config, "deit") == CHECKPOINTS and replicated(config, "deit")
+    assert checkpoint(config, "deit", 1) == {"model": "deit_tiny_patch16_224", "model_args": {"depth": 4},
+                                             "file": "b.safetensors"}
+    assert [grid.teacher_of(config, "deit", s) for s in (0, 1)] == ["results/teacher/deit/seed0",
+                                                                   "results/teacher/deit/seed1"]
+    assert grid.teacher_keys(config) == ["deit/seed0", "deit/seed1"]
+    one = {**config, "teachers": {"deit": {"model": "deit_tiny_patch16_224"}}}
+    assert teacher_design(one, "deit") == CHECKPOINT and not replicated(one, "deit")
+    assert grid.teacher_keys(one) == ["deit"] and checkpoint(one, "deit", 1) == {"model": "deit_tiny_patch16_224"}
+    # By hand, a replicated size needs the seed that picks its checkpoint: one line, before any loading.
+    with pytest.raises(ConfigError, match=r"^config key teachers.deit.replicates: 2 checkpoints, one per student "
+                                          r"seed; say which \(--seed\)$"):
+        run_teacher(config, "deit", None, None, "unused")

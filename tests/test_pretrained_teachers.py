@@ -1,9 +1,12 @@
 """Pretrained teachers through the whole workflow: a DeiT and a ViT with register tokens and layer
 scale, saved to timm-format files, loaded as teachers, and carried through teacher -> distill ->
-student -> evaluate -> report on RGB JPEG ImageFolders at another resolution and label space; and
-datasets that cannot fit a teacher refused in one line before any training."""
+student -> evaluate -> report on RGB JPEG ImageFolders at another resolution and label space; the
+register ViT as two checkpoints listed as replicates, one per seed; and datasets that cannot fit a
+teacher refused in one line before any training."""
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from linvit import grid
+from linvit.io import file_sha256
 from linvit.models import model_variant
 
 from conftest import REPO
@@ -45,17 +49,21 @@ def teacher_files(tmp):
     save_file(deit.state_dict(), str(tmp / "deit.safetensors"))
     reg = timm.create_model("vit_base_patch16_224", pretrained=False, **REG_ARGS)
     torch.save(reg.state_dict(), tmp / "regvit.pth")
+    torch.manual_seed(1)  # a second checkpoint of the same architecture: another replicate
+    save_file(timm.create_model("vit_base_patch16_224", pretrained=False, **REG_ARGS).state_dict(),
+              str(tmp / "regvit1.safetensors"))
     return deit, reg
 
 
 def config(tmp):
     cfg = {k: SMOKE[k] for k in ("seeds", "student", "distill", "distill_designs", "init_strategies", "evaluation")}
     cfg.update(
-        sizes=["deit", "regvit"], variants=["elu"], targets=["jpegs"],
+        sizes=["deit", "regvit"], variants=["elu"], targets=["jpegs"], seeds=[0, 1],
         inits=["random", "copy_all", "copy_mlp_distill"],
         teachers={"deit": {"model": "deit_tiny_patch16_224", "file": str(tmp / "deit.safetensors")},
                   "regvit": {"model": "vit_base_patch16_224", "model_args": REG_ARGS,
-                             "file": str(tmp / "regvit.pth")}},
+                             "replicates": [{"file": str(tmp / "regvit.pth")},
+                                            {"file": str(tmp / "regvit1.safetensors")}]}},
         datasets={"jpegs": {"source": "imagefolder", "path": str(imagefolder(tmp / "jpegs")),
                             "transform": {"input_size": 32, "train": {"scale": [0.5, 1.0]},
                                           "mixup": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}}}},
@@ -80,7 +88,12 @@ def ran(tmp_path_factory):
 def test_file_teachers_run_through_every_rule(ran):
     tmp, cfg, out = ran
     counts = job_counts(out)
-    assert counts["teacher_pretrained"] == 2 and "teacher" not in counts
+    assert counts["teacher_pretrained"] == 1 and counts["teacher_replicate"] == 2 and "teacher" not in counts
+    # linvit.grid.jobs (what `linvit status` follows) names these jobs and the files they wrote.
+    jobs = grid.jobs(cfg, tmp / "results", tmp / "report")
+    assert {j.name for j in jobs if j.rule.startswith("teacher")} == {
+        "teacher_pretrained deit", "teacher_replicate regvit/seed0", "teacher_replicate regvit/seed1"}
+    assert all(Path(f).exists() for j in jobs for f in (*j.outputs, j.log, *([j.benchmark] if j.benchmark else [])))
     assert counts["student"] == len(grid.student_cells(cfg)) and "evaluate" not in counts
     assert (tmp / "report/README.md").exists()
     for cell in grid.all_cells(cfg):
@@ -100,7 +113,7 @@ def test_students_follow_the_teacher_architecture(ran):
         assert model_variant(student) == "elu" and len(student.blocks) == blocks
         assert student.embed_dim == width and student.num_prefix_tokens == prefix
         assert student.head.out_features == 3 and tuple(student.patch_embed.img_size) == (32, 32)
-        teacher = json.loads((tmp / "results/teacher" / size / "model.json").read_text())
+        teacher = json.loads((tmp / grid.teacher_of(cfg, size, 0) / "model.json").read_text())
         assert teacher["source"] == "file" and teacher["timm_model"] in ("deit_tiny_patch16_224", "vit_base_patch16_224")
     reg, _ = load_model(grid.run_dir("jpegs", "regvit", "elu", "copy_all", 0, "none", 3, tmp / "results"))
     assert reg.reg_token.shape[1] == 4 and reg.blocks[0].ls1.gamma.shape == (64,)
@@ -117,6 +130,55 @@ def test_copied_groups_are_the_teachers_resampled(ran):
     assert metrics["copied"]["mlp"] > 0 and metrics["copied"]["head"] == 0  # another label space: new head
     teacher, _ = load_model(tmp / "results/teacher/deit", what="teacher")
     assert teacher.pos_embed.shape[1] == 1 + 14 * 14
+
+
+def test_replicated_checkpoints_give_each_seed_its_own_teacher(ran):
+    """teachers.regvit.replicates: seed s's teacher folder holds checkpoint s, and seed s's distillation,
+    students and reference copy from it (the sha256 of the teacher weights their fingerprint records);
+    the report says the intervals are over the checkpoints, the single DeiT's "for this checkpoint"."""
+    tmp, cfg, _ = ran
+    weights = {}
+    for seed, file in enumerate(("regvit.pth", "regvit1.safetensors")):
+        folder = tmp / grid.teacher_of(cfg, "regvit", seed)
+        assert folder == tmp / "results/teacher/regvit" / f"seed{seed}"
+        metrics = json.loads((folder / "metrics.json").read_text())
+        assert metrics["seed"] == seed and metrics["file"] == str(tmp / file)
+        weights[seed] = file_sha256(folder / "model.safetensors")
+    assert weights[0] != weights[1]
+    cells = [c for c in grid.all_cells(cfg) if c.size == "regvit" and c.init != "random"]
+    assert {c.seed for c in cells} == {0, 1}
+    for cell in cells:
+        folders = [cell.run_dir()] + ([grid.distill_dir(cell.dataset, cell.size, cell.variant, cell.init,
+                                                        cell.design, cell.seed)] if cell.distills else [])
+        for folder in folders:
+            fingerprint = json.loads((tmp / folder / "config.json").read_text())["fingerprint"]
+            assert fingerprint["teacher_weights"] == weights[cell.seed], folder
+    claims = json.loads((tmp / "report/claims.json").read_text())
+    over = {v["intervals"] for v in claims}
+    assert len(over) == 1 and "regvit: over 2 seeds, each with its own checkpoint of vit_base_patch16_224" in next(
+        iter(over)) and "deit: over 2 seeds and the test images, for this checkpoint" in next(iter(over))
+    scale = (tmp / "report/README.md").read_text()
+    assert ("its 2 softmax teachers are pretrained checkpoints of `vit_base_patch16_224`, one per seed "
+            "(`teachers.regvit.replicates`)") in scale
+    assert "its softmax teacher is the pretrained checkpoint `deit_tiny_patch16_224`" in scale
+
+
+def test_a_new_replicate_reruns_only_its_seed(ran, tmp_path):
+    """Replacing one replicate's checkpoint plans that seed's teacher and the jobs that copy from it again,
+    and nothing of the other seed's (each replicate's job reads its own entry, not the list)."""
+    tmp, cfg, _ = ran
+    torch.manual_seed(2)
+    save_file(timm.create_model("vit_base_patch16_224", pretrained=False, **REG_ARGS).state_dict(),
+              str(tmp / "regvit2.safetensors"))
+    changed = json.loads(json.dumps(cfg))
+    changed["teachers"]["regvit"]["replicates"][1] = {"file": str(tmp / "regvit2.safetensors")}
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
+    out = snakemake(tmp, "-n", "--cores", "2", "--configfile", str(tmp_path / "changed.yaml"))
+    planned = set(re.findall(r"^\s+log: (\S+)", out.stdout, re.M))
+    assert grid.log_path("teacher", "regvit/seed1") in planned
+    assert not any("regvit/seed0" in log or "/deit/" in log or log.endswith("deit.log") for log in planned), planned
+    students = {c for c in grid.all_cells(cfg) if c.size == "regvit" and c.seed == 1 and c.init != "random"}
+    assert {str(c.log_path()) for c in students} <= planned
 
 
 def _run_step(tmp, cfg, dataset_spec, size="deit"):

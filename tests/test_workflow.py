@@ -258,6 +258,13 @@ def test_planning_the_workflow_imports_neither_torch_nor_timm(tmp_path):
                                                  "or per_seed"),
     (lambda c: c["datasets"]["synthetic"].update(classes=[1, 1]), "config key datasets.synthetic.classes: label 1 is "
                                                                     "listed twice"),
+    # Several checkpoints of one size are replicates, one per seed: every seed needs its own.
+    (lambda c: c.update(seeds=[0, 1, 2], teachers={"micro": {"model": "deit_tiny_patch16_224", "replicates": [
+        {"file": "a.pth"}, {"file": "b.pth"}]}}), "config key teachers.micro.replicates: seed 2 has no checkpoint "
+                                                  "(2 listed, for seeds 0-1)"),
+    (lambda c: c.update(seeds=[0, 1], teachers={"micro": {"model": "deit_tiny_patch16_224", "replicates": [
+        {"file": "a.pth"}, {"file": "a.pth"}]}}), "config key teachers.micro.replicates[1]: the same checkpoint as "
+                                                  "replicates[0]"),
 ])
 def test_config_error_is_one_line_naming_the_key(tmp_path, change, key):
     config = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())

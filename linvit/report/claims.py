@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from linvit.config import CHECKPOINT, NO_DESIGN, ONE_TEACHER, budgets, pretrained, teacher_design
+from linvit.config import CHECKPOINT, CHECKPOINTS, NO_DESIGN, ONE_TEACHER, budgets, pretrained, teacher_design
 from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT, inits_of
 from linvit.report import stats
 from linvit.report.roles import (ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_MLP_DISTILL, MLP_ONLY, RANDOM,
@@ -315,7 +315,8 @@ def statistic_estimates(runs: pd.DataFrame, config: dict,
 def intervals_over(config: dict, size: str | None = None) -> str:
     """What the verdicts' intervals are over, from the config (linvit.config.teacher_design): 'over 5 seeds,
     each with its own teacher, and the test images' (PER_SEED), '..., conditional on one teacher (seed 0)'
-    (ONE_TEACHER), '..., for this checkpoint (deit_tiny_patch16_224)' (CHECKPOINT). For the whole grid
+    (ONE_TEACHER), '..., for this checkpoint (deit_tiny_patch16_224)' (CHECKPOINT), 'over 5 seeds, each with
+    its own checkpoint of deit_tiny_patch16_224 (teachers.deit.replicates), ...' (CHECKPOINTS). For the whole grid
     (size None): one phrase when every size has the same, else one per size ('tiny: ...; small: ...')."""
     if size is None:
         phrases = {s: intervals_over(config, s) for s in config["sizes"]}
@@ -329,6 +330,9 @@ def intervals_over(config: dict, size: str | None = None) -> str:
         entry = pretrained(config, size)
         name = str(entry.get("model")) + (f" from {entry['file']}" if entry.get("file") else "")
         return f"over {seeds} and the test images, for this checkpoint ({name})"
+    if design == CHECKPOINTS:
+        return (f"over {seeds}, each with its own checkpoint of {pretrained(config, size).get('model')} "
+                f"(teachers.{size}.replicates), and the test images")
     if design == ONE_TEACHER:
         return f"over {seeds} and the test images, conditional on one teacher (seed {config['teacher']['seed']})"
     return f"over {seeds}, each with its own teacher, and the test images"

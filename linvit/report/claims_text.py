@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from linvit.config import NO_DESIGN, ONE_TEACHER, PER_SEED, teacher_design
+from linvit.config import CHECKPOINTS, NO_DESIGN, ONE_TEACHER, PER_SEED, replicated, teacher_design
 from linvit.report import stats
 from linvit.report.claims import (CLAIMS, CONTROL_NARROWED, CONTROL_VARIANT, NOT_EVALUABLE, ClaimVerdict,
                                   Thresholds, TestOutcome, intervals_over, linear_variants)
@@ -87,17 +87,18 @@ def rules_markdown(config: dict) -> str:
 
 def coverage_section(config: dict | None = None) -> str:
     """The engine's calibration by simulation (linvit.report.calibration's packaged table): the rows of the
-    teacher design(s) this grid uses (`teacher.seed`; a pretrained checkpoint is one teacher), all without
+    teacher design(s) this grid uses (`teacher.seed`; a pretrained checkpoint is one teacher, `replicates` one per
+    seed), all without
     a config."""
     from linvit.report.calibration import coverage_markdown
 
     designs = None
     applies = ""
     if config and config.get("sizes"):
-        used = {PER_SEED if teacher_design(config, size) == PER_SEED else ONE_TEACHER for size in config["sizes"]}
+        used = {PER_SEED if replicated(config, size) else ONE_TEACHER for size in config["sizes"]}
         designs = tuple(d for d in (PER_SEED, ONE_TEACHER) if d in used)
-        per_seed = ("a teacher per seed, so the intervals cover the teacher-to-teacher variation too (the first "
-                    "table)")
+        per_seed = ("a teacher (or checkpoint) per seed, so the intervals cover the teacher-to-teacher variation "
+                    "too (the first table)")
         one = ("one teacher (or checkpoint) for every seed: conditional on it the verdicts are calibrated (the "
                "'given the teacher' columns), but read as statements about teachers in general their intervals "
                "undercover, the more so the more seeds (the 'coverage' columns)")
@@ -160,9 +161,15 @@ def seeds_text(t: TestOutcome) -> str:
 
 
 def _teachers_too(config: dict) -> str:
-    """' (each with its own teacher: as many teachers)' where every size trains a teacher per seed."""
-    if config.get("sizes") and all(teacher_design(config, s) == PER_SEED for s in config["sizes"]):
+    """' (each with its own teacher: as many teachers)' where every size has a teacher per seed (trained, or
+    its own pretrained checkpoint: ' (each with its own checkpoint: as many checkpoints)')."""
+    designs = {teacher_design(config, s) for s in config.get("sizes") or []}
+    if designs == {PER_SEED}:
         return " (each with its own teacher: as many teachers)"
+    if designs == {CHECKPOINTS}:
+        return " (each with its own checkpoint: as many checkpoints)"
+    if designs and designs <= {PER_SEED, CHECKPOINTS}:
+        return " (each with its own teacher or checkpoint: as many of them)"
     return ""
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import markdown
 import pandas as pd
 
-from linvit.config import NO_DESIGN, REFERENCE_INIT, budgets, design_names, design_specs
+from linvit.config import NO_DESIGN, REFERENCE_INIT, budgets, design_names, design_specs, pretrained
 from linvit.grid import (REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_path, report_files, shards_dir,
                          teacher_of)
 from linvit.io import read_json, write_text
@@ -143,6 +143,13 @@ def scale_markdown(config: dict, runs: pd.DataFrame, results: str | Path) -> str
             if "params" in runs else pd.Series(dtype=float)
         params_text = f"{int(params.dropna().iloc[0]):,} parameters" if params.notna().any() else "parameters n/a"
         folders = dict.fromkeys(teacher_of(config, size, seed, results) for seed in config["seeds"])
+        entry = pretrained(config, size)
+        if entry is not None:  # loaded, not trained here: no test accuracy of ours to show
+            loaded = (f"its {len(folders)} softmax teachers are pretrained checkpoints of `{entry.get('model')}`, "
+                      f"one per seed (`teachers.{size}.replicates`)" if len(folders) > 1 else
+                      f"its softmax teacher is the pretrained checkpoint `{entry.get('model')}`")
+            lines.append(f"- Model `{size}` ({params_text}); {loaded}.")
+            continue
         accs = [_read_json(Path(f) / "metrics.json").get("test_acc") for f in folders]
         accs = [a for a in accs if isinstance(a, (int, float))]
         on = (config.get("teacher") or {}).get("dataset", "its pretraining data")
@@ -166,8 +173,10 @@ def scale_markdown(config: dict, runs: pd.DataFrame, results: str | Path) -> str
     seeds = len(config["seeds"])
     lines.append(f"- {seeds} seed{'s' if seeds != 1 else ''} per cell (the unit of replication). The verdicts' "
                  f"intervals are {intervals_over(config)}.")
+    harness = ", with teachers pretrained by the harness" if not any(pretrained(config, s) for s in config["sizes"]) \
+        else ""
     return ("\n".join(lines) + "\n\nAt this scale the verdicts test whether the paper's effects appear in small "
-            "ViTs trained for a fraction of an epoch, with teachers pretrained by the harness; they cannot say "
+            f"ViTs trained for a fraction of an epoch{harness}; they cannot say "
             "whether the effects hold for DeiT/ViT models pretrained on ImageNet and trained to convergence, where "
             "the paper works (workflow/config/paper.yaml). The smallest effect each test could have seen (its MDE) "
             "is in the claims' tables.")

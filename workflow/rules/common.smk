@@ -13,7 +13,7 @@ import os
 import shlex
 
 from linvit import grid
-from linvit.config import NO_DESIGN, design_specs, kd_reference, trained_sizes
+from linvit.config import CHECKPOINTS, NO_DESIGN, checkpoint, design_specs, kd_reference, teacher_design, trained_sizes
 from linvit.grid import all_cells
 
 try:  # where Snakemake looks for a callable's parameters before it inspects its signature
@@ -35,6 +35,9 @@ CELLS = all_cells(config)
 TEACHER = config.get("teacher", {})
 TRAINED_SIZES = trained_sizes(config)  # teachers the harness trains; the other sizes are loaded
 LOADED_SIZES = [s for s in config["sizes"] if s not in TRAINED_SIZES]
+# Loaded sizes with one checkpoint (rule teacher_pretrained) or one per seed (rule teacher_replicate).
+REPLICATED_SIZES = [s for s in LOADED_SIZES if teacher_design(config, s) == CHECKPOINTS]
+CHECKPOINT_SIZES = [s for s in LOADED_SIZES if s not in REPLICATED_SIZES]
 
 
 def _alternatives(names):
@@ -176,11 +179,22 @@ def teacher_model(wc):
     return {"teacher_json": f"{folder}/model.json", "teacher_weights": f"{folder}/model.safetensors"}
 
 
+def _checkpoint(wc):
+    """The checkpoint a pretrained-teacher job loads (linvit.config.checkpoint): the size's one, or seed's."""
+    return checkpoint(config, wc.size, wc.get("seed"))
+
+
 @planned
 def teacher_file(wc):
     """A pretrained teacher's weights file, when it comes from one (else timm's hub or cache)."""
-    file = config["teachers"][wc.size].get("file")
+    file = _checkpoint(wc).get("file")
     return {"weights": os.path.expanduser(file)} if file else {}
+
+
+def checkpoint_config(wc):
+    """A pretrained-teacher job's config: its own checkpoint alone, so that editing another replicate
+    reruns only that replicate's job."""
+    return json.dumps({"teachers": {wc.size: _checkpoint(wc)}}, sort_keys=True)
 
 
 def in_folder(key):

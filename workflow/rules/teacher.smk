@@ -35,10 +35,11 @@ rule teacher_pretrained:
     output:
         **files(PRETRAINED_DIR, grid.PRETRAINED_FILES),
     wildcard_constraints:
-        size=_alternatives(LOADED_SIZES),
+        size=_alternatives(CHECKPOINT_SIZES),
     params:
-        cfg=planned(lambda wc: job_config(f"teachers.{wc.size}")),
+        cfg=planned(lambda wc: checkpoint_config(wc)),
         out=PRETRAINED_DIR,
+        seed=planned(lambda wc: f"--seed {wc.seed}" if "seed" in wc.keys() else ""),
     log:
         grid.log_path("teacher", "{size}"),
     benchmark:
@@ -48,4 +49,22 @@ rule teacher_pretrained:
         mem_mb=res("teacher", "mem_mb", 4000),
         runtime=res("teacher", "runtime", 60),
     shell:
-        "linvit teacher --config-json {params.cfg:q} --size {wildcards.size} --out {params.out:q} > {log:q} 2>&1"
+        "linvit teacher --config-json {params.cfg:q} --size {wildcards.size} {params.seed}"
+        " --out {params.out:q} > {log:q} 2>&1"
+
+
+# One of several pretrained checkpoints of a size (teachers.<size>.replicates), the one student seed
+# `seed` copies from: a teacher per seed, as the trained ones, in their folder layout.
+use rule teacher_pretrained as teacher_replicate with:
+    output:
+        **files(TEACHER_DIR, grid.PRETRAINED_FILES),
+    wildcard_constraints:
+        size=_alternatives(REPLICATED_SIZES),
+    params:
+        cfg=planned(lambda wc: checkpoint_config(wc)),
+        out=TEACHER_DIR,
+        seed=planned(lambda wc: f"--seed {wc.seed}"),
+    log:
+        grid.log_path("teacher", TEACHER_KEY),
+    benchmark:
+        grid.benchmark_path("teacher", TEACHER_KEY)

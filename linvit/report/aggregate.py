@@ -30,8 +30,8 @@ from pathlib import Path
 import pandas as pd
 
 from linvit.config import NO_DESIGN, REFERENCE_INIT, ConfigError, design_names, kd_reference, teacher_seed
-from linvit.grid import (REFERENCE_VARIANT, Cell, all_cells, benchmark_path, distill_cells, log_path, teacher_key,
-                         teacher_keys)
+from linvit.grid import REFERENCE_VARIANT, Cell, all_cells, log_path, teacher_key
+from linvit.grid import jobs as grid_jobs
 from linvit.groups import GROUPS  # a group a run reports beyond these still gets a column
 from linvit.io import atomic_path
 from linvit.predictions import PREDICTIONS, Predictions, PredictionsError, read_predictions
@@ -52,6 +52,8 @@ CONFIG_KEYS = ("targets", "sizes", "variants", "inits", "seeds", "init_strategie
 # Per-rule rows of the cost table, in this order (distillations get one row per init strategy and
 # design, students one per init strategy).
 COST_RULES = ("teacher", "distill", "student", "reference")
+# The folder of a rule's benchmark files below results/benchmarks/ (the references' and students' share one).
+STAGES = {"teacher": "teacher", "distill": "distill"}
 
 
 class ResultsError(ValueError):
@@ -406,17 +408,16 @@ def benchmark_jobs(config: dict, results: str | Path) -> pd.DataFrame:
     A job without a benchmark file (run without Snakemake, or not run) has NaN numbers and no problem.
     """
     check_config(config)
-    results = Path(results)
-    jobs = [("teacher", "", "", "teacher", key, Path(benchmark_path("teacher", key, results)))
-            for key in teacher_keys(config)]
-    # One distillation per (target, size, variant, init, design, seed), shared by every budget.
-    jobs += [("distill", cell.init, cell.design, "distill", cell.distill_key,
-              Path(benchmark_path("distill", cell.distill_key, results))) for cell in distill_cells(config)]
-    cells = all_cells(config)
-    jobs += [(cell.rule, "" if cell.is_reference else cell.init, "" if cell.is_reference else cell.design,
-              "students", cell.key, cell.benchmark_path("students", results)) for cell in cells]
-    rows = [{"rule": rule, "init": init, "design": design, "stage": stage, "key": key, "path": str(path),
-             **read_benchmark(path)} for rule, init, design, stage, key, path in jobs]
+    rows = []
+    for job in grid_jobs(config, results):  # the workflow's own list; the jobs with a benchmark file
+        if job.benchmark is None:
+            continue
+        # Every teacher job (trained, or a checkpoint loaded) is costed as `teacher`.
+        rule = "teacher" if job.rule.startswith("teacher") else job.rule
+        student = job.cell is not None and not job.cell.is_reference
+        rows.append({"rule": rule, "init": job.cell.init if student else "",
+                     "design": job.cell.design if student else "", "stage": STAGES.get(rule, "students"),
+                     "key": job.key, "path": job.benchmark, **read_benchmark(Path(job.benchmark))})
     return pd.DataFrame(rows, columns=["rule", "init", "design", "stage", "key", "path", "wall_s", "max_rss_mb",
                                        "cpu_time_s", "problem"])
 

@@ -284,12 +284,11 @@ def jobs(config: dict, results: str | Path = RESULTS, report: str | Path = REPOR
             t = teacher_seed(config, size, seed)
             key = teacher_key(size, t)
             if key not in teachers:
-                folder = teacher_dir(size, t, results)
-                teachers[key] = (Job(teacher_rule(config, size), key, _files(folder, PRETRAINED_FILES),
-                                     log_path("teacher", key, results), benchmark_path("teacher", key, results))
-                                 if size not in trained else
-                                 Job("teacher", key, _files(folder, MODEL_FILES), log_path("teacher", key, results),
-                                     benchmark_path("teacher", key, results), (shards[teacher_data[0]].name,)))
+                loaded = size not in trained  # a pretrained checkpoint: no training files, no shards read
+                teachers[key] = Job(teacher_rule(config, size), key,
+                                    _files(teacher_dir(size, t, results), PRETRAINED_FILES if loaded else MODEL_FILES),
+                                    log_path("teacher", key, results), benchmark_path("teacher", key, results),
+                                    () if loaded else (shards[teacher_data[0]].name,))
     out += teachers.values()
 
     def inputs(cell: Cell) -> tuple[str, ...]:  # shards and the teacher every cell's jobs read

@@ -191,6 +191,7 @@ def teacher_file(wc):
     return {"weights": os.path.expanduser(file)} if file else {}
 
 
+@planned
 def checkpoint_config(wc):
     """A pretrained-teacher job's config: its own checkpoint alone, so that editing another replicate
     reruns only that replicate's job."""

@@ -37,9 +37,9 @@ rule teacher_pretrained:
     wildcard_constraints:
         size=_alternatives(CHECKPOINT_SIZES),
     params:
-        cfg=planned(lambda wc: checkpoint_config(wc)),
+        cfg=checkpoint_config,
         out=PRETRAINED_DIR,
-        seed=planned(lambda wc: f"--seed {wc.seed}" if "seed" in wc.keys() else ""),
+        seed="",  # one checkpoint: no seed picks it (teacher_replicate passes --seed)
     log:
         grid.log_path("teacher", "{size}"),
     benchmark:
@@ -61,9 +61,8 @@ use rule teacher_pretrained as teacher_replicate with:
     wildcard_constraints:
         size=_alternatives(REPLICATED_SIZES),
     params:
-        cfg=planned(lambda wc: checkpoint_config(wc)),
         out=TEACHER_DIR,
-        seed=planned(lambda wc: f"--seed {wc.seed}"),
+        seed="--seed {seed}",
     log:
         grid.log_path("teacher", TEACHER_KEY),
     benchmark:

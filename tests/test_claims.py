@@ -235,7 +235,7 @@ def test_c4_fails_a_cell_only_when_the_failure_survives_holm():
 
 def _judged(monkeypatch, outcomes: dict, order: list[str]):
     """claims._judge on a claim whose deciding tests (in `order`) come out as `outcomes` (name -> (outcome,
-    p_fails)): the cell's combined verdict and its Bonferroni p-value."""
+    p_fails[, note])): the cell's combined verdict and its Bonferroni p-value."""
     from types import SimpleNamespace
 
     from linvit.report import claims as claims_module
@@ -243,10 +243,12 @@ def _judged(monkeypatch, outcomes: dict, order: list[str]):
     from linvit.report.stats import Settings
 
     tests = {t.statistic.name: t for c in CLAIMS for t in c.tests}
-    monkeypatch.setattr(claims_module, "_run_test", lambda test, cell, thresholds, settings: TestOutcome(
-        test.statistic.name, outcomes[test.statistic.name][0], p_fails=outcomes[test.statistic.name][1]))
+    def run_test(test, cell, thresholds, settings, k=1):
+        outcome, p_fails, note = (*outcomes[test.statistic.name], "")[:3]
+        return TestOutcome(test.statistic.name, outcome, p_fails=p_fails, note=note)
+    monkeypatch.setattr(claims_module, "_run_test", run_test)
     claim = Claim("C1", "", tuple(tests[name] for name in order))
-    cell = SimpleNamespace(dataset="dsA", size="tiny", variant="linA", budget=100)
+    cell = SimpleNamespace(dataset="dsA", size="tiny", variant="linA", budget=100, design=None)
     return _judge(claim, cell, Thresholds(), Settings())
 
 
@@ -330,11 +332,16 @@ def test_an_undecided_test_says_how_many_seeds_would_decide_it(tmp_path):
     verdicts = list(verdicts_of(tmp_path, config, acc).values())
     matches = verdicts[2].cells[0].test("matches")
     assert matches.outcome == INCONCLUSIVE and 3 < matches.seeds_needed < math.inf
-    needed = f"{int(matches.seeds_needed):,} (to hold)"
+    # Rough (observed power): the range for truths in the estimate's 50% interval is printed beside it.
+    assert matches.seeds_needed_low <= matches.seeds_needed <= matches.seeds_needed_high
+    high = "∞" if math.isinf(matches.seeds_needed_high) else f"{int(matches.seeds_needed_high):,}"
+    needed = (f"{int(matches.seeds_needed):,} (to hold; {int(matches.seeds_needed_low):,}-{high} "
+              "in the 50% interval)")
     row = next(line for line in claims_markdown(verdicts).splitlines() if "non-inferiority" in line)
     assert f"| {needed} | 3 x 1000 |" in row
     mde = mde_markdown(verdicts, config)
     assert "| minimum detectable effect | seeds to decide |" in mde and f"| {needed} |" in mde
+    assert "rough (observed power)" in mde and "rough (observed power" in rules_markdown(config)
     assert "paired seeds (each with its own teacher: as many teachers)" in mde
     # Decided tests (C1 holds) and reported ones give none.
     assert all(math.isnan(t.seeds_needed) for t in verdicts[0].cells[0].tests if t.outcome == HOLDS)
@@ -388,3 +395,63 @@ def test_the_reports_calibration_shows_the_grids_teacher_design():
         assert "| given the teacher 3 seeds |" in text and "This grid uses one teacher (or checkpoint)" in text
     both = coverage_section({**BASE, "sizes": ["tiny", "vit"], "teachers": {"vit": {"model": "vit_tiny"}}})
     assert "**A teacher per seed" in both and "**One teacher" in both and "Some sizes of this grid" in both
+
+
+def test_a_failure_stands_beside_a_test_that_is_not_evaluable(monkeypatch):
+    """C2 where mlp_on_top cannot be evaluated (its runs do not pair): mlp_alone failing at alpha / 2 (k counts
+    both deciding tests) fails the claim; holding, or failing only at alpha, leaves it not evaluable."""
+    order = ["mlp_alone", "mlp_on_top"]
+    blocked = (NOT_EVALUABLE, math.nan, "runs cannot be paired: different test sets")
+    cell = _judged(monkeypatch, {"mlp_alone": (FAILS, 0.0015), "mlp_on_top": blocked}, order)
+    assert cell.outcome == FAILS and cell.p_fails == pytest.approx(0.003) and not cell.why
+    for mlp_alone in ((HOLDS, 0.99), (FAILS, 0.02), (INCONCLUSIVE, 0.3), (TOO_FEW, 1e-6)):
+        cell = _judged(monkeypatch, {"mlp_alone": mlp_alone, "mlp_on_top": blocked}, order)
+        assert cell.outcome == NOT_EVALUABLE and cell.why == blocked[2] and math.isnan(cell.p_fails), mlp_alone
+
+
+def test_a_failure_stands_in_a_grid_that_lacks_a_role(tmp_path):
+    """No copy_attn in the grid: C2's mlp_on_top is not evaluable anywhere; linB's MLPs alone carry 25% of the
+    benefit (at most 50% claimed), so C2 fails there, while linA's cell (mlp_alone holds) is not evaluable."""
+    inits = [i for i in CONFIG["inits"] if i != "copy_attn"]
+    c2 = verdicts_of(tmp_path, {**BASE, "variants": ["linA", "linB"], "inits": inits})["C2"]
+    cells = {c.variant: c for c in c2.cells}
+    assert cells["linB"].outcome == FAILS and cells["linB"].test("mlp_on_top").outcome == NOT_EVALUABLE
+    assert cells["linA"].outcome == NOT_EVALUABLE and "copy_attn" in cells["linA"].why
+
+
+def test_c4s_holm_family_is_every_claim_cell_and_budget_tested_or_not():
+    """C2's benefit is established in neither cell (no p-value): the family is still 3 claims x 2 cells, so C1's
+    failure at p 0.005 needs 0.025 / 6 = 0.0042 and does not stand; counting only the 4 p-values (0.025 / 4
+    = 0.00625) would let it."""
+    from linvit.report.claims import ClaimVerdict, _c4
+    from linvit.report.stats import Settings
+
+    def claim(name, outcomes_p):
+        cells = [CellVerdict(name, "dsA", "tiny", v, 100, o, p_fails=p) for v, (o, p) in zip(["linA", "linB"],
+                                                                                              outcomes_p)]
+        return ClaimVerdict(name, "", "", {}, cells)
+
+    config = {**BASE, "variants": ["linA", "linB"]}
+    for p, expected in ((0.005, INCONCLUSIVE), (0.004, FAILS)):
+        verdicts = [claim("C1", [(HOLDS, 0.9), (FAILS, p)]), claim("C2", [(INCONCLUSIVE, math.nan)] * 2),
+                    claim("C3", [(HOLDS, 0.9), (HOLDS, 0.8)])]
+        assert [c.outcome for c in _c4(verdicts, config, Settings()).cells] == [INCONCLUSIVE, expected]
+
+
+def test_each_deciding_test_sizes_its_seeds_to_fail_at_its_claims_bonferroni_level(tmp_path, monkeypatch):
+    """stats.test is told k, the claim's deciding tests (C1, C2: 2; C3: 1), so that seeds_needed counts a
+    failure at alpha / k as the claim reads it; a reported test decides nothing (k 1)."""
+    from linvit.report import claims as claims_module
+
+    seen, test = {}, claims_module.stats.test
+
+    def spy(sample, numerator, denominator, threshold, side, settings, k=1):
+        seen[(tuple(numerator.items()), side, threshold)] = k
+        return test(sample, numerator, denominator, threshold, side, settings, k)
+    monkeypatch.setattr(claims_module.stats, "test", spy)
+    verdicts_of(tmp_path, {**BASE, "variants": ["linA"]})
+    thresholds = Thresholds(margin=0.005)
+    for claim in CLAIMS:
+        for t in (t for t in claim.tests if t.threshold is not None):
+            key = (t.statistic.numerator, t.side, thresholds.value(t.threshold))
+            assert seen[key] == (len(claim.deciding) if t.decides else 1), (claim.name, t.statistic.name)

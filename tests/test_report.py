@@ -4,7 +4,8 @@ Accuracies are picked per (dataset, variant) cell so each claim's verdict is kno
   dsA/linA  C1 holds (attn_only worse than random), C2 holds, C3 holds and surpasses softmax
   dsA/linB  C1 fails (attn_only gives half the benefit), C2 fails (the MLPs alone give a quarter), C3 fails
   dsB/linA  C1, C2, C3 hold (C3 within its margin, below softmax)
-  dsB/linB  C1 not evaluable (attn_only missing: one failed with a log, one never ran), C2 fails, C3 holds
+  dsB/linB  C1 fails on attention added on top (attention alone not evaluable: attn_only missing, one run
+            failed with a log, one never ran), C2 fails, C3 holds
 Each seed is the cell's mean -/+ SPREAD for every role alike, so the means are the numbers below and
 each paired difference is the same on both seeds (the runs have no per-image predictions).
 """
@@ -216,10 +217,14 @@ def test_c1_holds_where_attention_adds_little_and_fails_elsewhere(verdicts):
     b = cell_verdict(c1, "dsA", "linB")
     assert b.outcome == FAILS and b.test("attn_alone").estimate == pytest.approx(0.5)
     assert cell_verdict(c1, "dsB", "linA").outcome == HOLDS
-    unknown = cell_verdict(c1, "dsB", "linB")
-    assert unknown.outcome == NOT_EVALUABLE and unknown.why.startswith("no finished run of attn_only")
-    assert c1.verdict == "mixed (2 holds, 1 fails)"
-    assert c1.counts[NOT_EVALUABLE] == 1
+    # attn_only missing: attention alone is not evaluable, but attention on top fails, (0.60 - 0.45) / 0.20 =
+    # 75% of the benefit against at most 25%, and one failing test fails the claim (at alpha / 2).
+    partial = cell_verdict(c1, "dsB", "linB")
+    assert partial.test("attn_alone").outcome == NOT_EVALUABLE
+    assert partial.test("attn_alone").note.startswith("no finished run of attn_only")
+    assert partial.test("attn_on_top").outcome == FAILS and partial.outcome == FAILS
+    assert c1.verdict == "mixed (2 holds, 2 fails)"
+    assert c1.counts[NOT_EVALUABLE] == 0
 
 
 def test_c2_rests_on_the_mlps_alone_and_on_top(verdicts):
@@ -313,7 +318,7 @@ def test_report_files_figures_and_sections(tree):
         assert heading in readme
     assert "figures/accuracy_by_init.png" in readme
     assert f"`dsB/tiny/linB/attn_only/none/steps{STEPS}/seed0` (missing): Error: job failed" in readme
-    assert "**Verdict: mixed (2 holds, 1 fails).** Intervals over 2 seeds, each with its own teacher, and the test " \
+    assert "**Verdict: mixed (2 holds, 2 fails).** Intervals over 2 seeds, each with its own teacher, and the test " \
            "images." in readme
     # The scale section and the verdicts table say what the intervals are over (a teacher per seed by default).
     scale = readme.split("## Scale")[1].split("\n## ")[0]
@@ -327,7 +332,7 @@ def test_report_files_figures_and_sections(tree):
     assert f"| `dsA/tiny/linA/steps{STEPS}` | **claim** | | | | **holds** | | | |" in readme
     assert "| claim | 100 steps |" not in readme and f"All rows: budget {STEPS} steps." in readme
     assert readme.index("## Scale") < readme.index("## Verdicts") < readme.index("### C1")
-    assert "| C1 | supported" not in readme and "| C1 | mixed (2 holds, 1 fails) |" in readme
+    assert "| C1 | supported" not in readme and "| C1 | mixed (2 holds, 2 fails) |" in readme
     assert f"- Budgets: {STEPS} steps. A budget is" in readme and "- Distillation designs: `proj_mse`. A design is" in readme
     assert json.loads((report / "claims.json").read_text())[0]["claim"] == "C1"
     assert (report / "notes.txt").read_text() == "mine"

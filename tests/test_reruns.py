@@ -1,18 +1,24 @@
 """Reruns of one grid against the report's own statistics (tests/fixtures/reruns/README.md says where
 each run comes from and what each check found).
 
-- Same teacher, float rounding only (SAME_TEACHER_PAIRS): the decided outcomes (holds, fails) of every
-  deciding test and every claim cell are the same in both runs: nothing is decided in one run that
-  the other leaves undecided or decides the other way.
-- Teacher changed (TEACHER_CHANGED_PAIRS, teacher-per-seed grids): every statistic's two estimates
-  agree within their combined 99% interval, |e1 - e2| <= 2.58 sqrt(se1^2 + se2^2), with the standard
-  errors the report's intervals are built from (claims.statistic_estimates; a share's by the delta
-  method).
+Both checks compare every statistic of the claims table (deciding or reported), cell by cell, between
+two runs of one grid: the difference of its two estimates against the standard error of that
+difference, |e1 - e2| <= t(0.995, n - 1) x SE(e1 - e2) (99%, two-sided). The SE is paired
+(`paired_difference`): both runs' roles go into one sample, matched by seed and test image, so
+whatever the runs share cancels (a role whose predictions are the same in both adds no variance: the
+random role after a teacher change, every run that rounding left alone), and it is computed from the
+paired per-seed and per-image values as the report's intervals are (two-way variance, n - 1 degrees
+of freedom; a share's difference by the delta method). Outcomes are not compared: a rounding-sized
+move of a p-value sitting at alpha moves an outcome, and a 5 pp shift that moves none is still a shift.
+
+- Same teacher, float rounding only (SAME_TEACHER_PAIRS): every statistic agrees.
+- Teacher changed (TEACHER_CHANGED_PAIRS, teacher-per-seed grids): every statistic agrees; the runs
+  share their seeds and the random role, which the pairing takes into account.
 - One teacher, changed by rounding (ONE_TEACHER_MOVED_PAIRS): the demonstration of why the default grid
   now trains a teacher per seed: the verdicts move with the teacher.
 
-Each check is shown to reject a perturbed pair: a decided outcome moved, and one run's teacher-derived
-roles shifted by a constant.
+The comparison is shown to accept rounding-sized moves and to reject shifts of a few pp, on synthetic
+runs and on the packed pairs.
 """
 
 from __future__ import annotations
@@ -25,13 +31,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from scipy import stats as sps
 
-from linvit.grid import CONTROL_VARIANT
+from linvit.grid import CONTROL_VARIANT, inits_of
 from linvit.predictions import Predictions
-from linvit.report import evaluate_claims
-from linvit.report.claims import CLAIMS, statistic_estimates
-from linvit.report.roles import RANDOM
-from linvit.report.stats import FAILS, HOLDS
+from linvit.report import evaluate_claims, stats
+from linvit.report.claims import CLAIMS, Statistic, _Cell, claim_cells, statistic_estimates
+from linvit.report.roles import RANDOM, resolve_roles
+from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reruns"
 DEFAULT_RUNS = ("default_threads1", "default_threads2")
@@ -44,8 +51,13 @@ TEACHER_CHANGED_PAIRS = [("default_perseed_t1", "default_perseed_t2")]
 # One teacher for every seed, changed by rounding (oneDNN products, fused AdamW, another CPU): their
 # intervals are conditional on that teacher, so neither check's promise applies (README).
 ONE_TEACHER_MOVED_PAIRS = [("32f5dc8", "90a3a45"), ("3af8f66", "89ae269"), ("89ae269", "7bc517a")]
-Z99 = 2.58  # the two-sided 99% normal quantile: the agreement check's bound in combined standard errors
+LEVEL = 0.99  # the comparison's two-sided level: |e1 - e2| <= t(0.995, n - 1) x SE(e1 - e2)
 DECIDED = (HOLDS, FAILS)
+# Every distinct statistic of the claims table, under its first test's name (matches and surpasses are
+# one: matches), as claims.statistic_estimates names them.
+STATISTICS: dict[tuple, Statistic] = {}
+for _test in (t for c in CLAIMS for t in c.tests):
+    STATISTICS.setdefault((_test.statistic.numerator, _test.statistic.denominator), _test.statistic)
 
 
 def _config(name: str) -> dict:
@@ -108,25 +120,82 @@ def _moved(a: dict, b: dict) -> dict[tuple, str]:
             for k in a if a[k][0] != b[k][0] and (a[k][0] in DECIDED or b[k][0] in DECIDED)}
 
 
-def _estimates(name: str, run=None) -> dict:
-    runs, predictions = run or _packed(name)
-    return statistic_estimates(runs, _config(name), predictions)
-
-
-def _checked(a: dict, b: dict) -> list[tuple[str, str]]:
-    """The statistics both runs estimate with a finite estimate and standard error."""
-    return [k for k in a if k in b and all(math.isfinite(x) for e in (a[k], b[k]) for x in (e.estimate, e.se))]
-
-
-def _disagreements(a: dict, b: dict) -> dict[tuple[str, str], str]:
-    """The statistics whose two estimates differ by more than Z99 combined standard errors."""
-    out = {}
-    for k in _checked(a, b):
-        se = math.hypot(a[k].se, b[k].se)
-        if abs(a[k].estimate - b[k].estimate) > Z99 * se:
-            out[k] = (f"{a[k].estimate:+.4f} (se {a[k].se:.4f}) vs {b[k].estimate:+.4f} (se {b[k].se:.4f}): "
-                      f"{abs(a[k].estimate - b[k].estimate) / se:.2f} combined se")
+def _add(*contrasts: dict) -> dict:
+    out: dict = {}
+    for contrast in contrasts:
+        for role, w in contrast.items():
+            out[role] = out.get(role, 0.0) + w
     return out
+
+
+def _tagged(terms, run: str, scale: float = 1.0) -> dict:
+    """A contrast's terms on one run's copy of its roles in the joint sample ('a|random')."""
+    return {f"{run}|{role}": scale * w for role, w in terms}
+
+
+def paired_difference(a: dict, b: dict, statistic: Statistic, settings: stats.Settings) -> tuple[float, float, float]:
+    """The statistic in run a less in run b (a, b: role -> its stats.Run list), with the standard error of
+    that difference and its degrees of freedom. Both runs' roles go into one sample paired by seed and test
+    image, so the difference is one contrast of it: what the runs share cancels there (a role with the same
+    predictions in both adds exactly nothing) instead of being counted once per run. A share's difference,
+    R_a - R_b, by the delta method: its SE is that of (num_a - R_a den_a) / den_a - (num_b - R_b den_b) /
+    den_b, the linearisation the report's own share SE uses."""
+    sample = stats.pair({f"{run}|{role}": runs[role] for run, runs in (("a", a), ("b", b)) for role in statistic.roles})
+    return joint_difference(sample, statistic, settings)
+
+
+def joint_difference(sample: stats.Sample, statistic: Statistic,
+                     settings: stats.Settings) -> tuple[float, float, float]:
+    """paired_difference on a joint sample whose roles are 'a|role' and 'b|role' (simulate_agreement.py's)."""
+    num, den = statistic.numerator, statistic.denominator
+    if den is None:
+        e = stats.estimate(sample, _add(_tagged(num, "a"), _tagged(num, "b", -1)), None, settings)
+        return e.estimate, e.se, e.df
+    na, da, nb, db = (stats.estimate(sample, _tagged(terms, run), None, settings).estimate
+                      for terms, run in ((num, "a"), (den, "a"), (num, "b"), (den, "b")))
+    if not (da and db):  # no share of a zero benefit
+        return math.nan, math.nan, float(len(sample.seeds) - 1)
+    ra, rb = na / da, nb / db
+    linear = _add(_tagged(num, "a", 1 / da), _tagged(den, "a", -ra / da), _tagged(num, "b", -1 / db),
+                  _tagged(den, "b", rb / db))
+    e = stats.estimate(sample, linear, None, settings)
+    return ra - rb, e.se, e.df
+
+
+def _differences(before: str, after: str, runs_after=None) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(cell key, statistic name) -> paired_difference(before, after) for every statistic whose roles both
+    runs have in the cell (control cells too); `runs_after`: a (runs, predictions) in place of after's."""
+    config = _config(before)
+    settings, matches = stats.Settings.from_config(config), resolve_roles(config)
+    (ra, pa), (rb, pb) = _packed(before), runs_after or _packed(after)
+    out = {}
+    for cell_id in claim_cells(config):
+        a, b = (_Cell(cell_id, matches, r[r["status"] == "ok"], p, inits_of(config, cell_id[2]))
+                for r, p in ((ra, pa), (rb, pb)))
+        key = f"{a.dataset}/{a.size}/{a.variant}/steps{a.budget}"
+        for s in STATISTICS.values():
+            if a.missing(s.roles) or b.missing(s.roles):
+                continue
+            try:
+                out[(key, s.name)] = paired_difference({r: a.runs(r) for r in s.roles},
+                                                       {r: b.runs(r) for r in s.roles}, s, settings)
+            except stats.PairingError:
+                continue
+    return out
+
+
+def disagreements(differences: dict) -> dict:
+    """The differences beyond the 99% bound, t(0.995, n - 1) paired standard errors (1e-9 of float noise
+    allowed: a difference of exactly 0, every run the same, has SE 0)."""
+    out = {}
+    for k, (d, se, df) in differences.items():
+        if abs(d) > sps.t.ppf(1 - (1 - LEVEL) / 2, df) * se + 1e-9:
+            out[k] = f"{d:+.4f} (paired se {se:.4f}, {df:g} df): {abs(d) / se if se else math.inf:.2f} se"
+    return out
+
+
+def _linear(keys) -> set:
+    return {k for k in keys if k[0].split("/")[2] != CONTROL_VARIANT}
 
 
 def _lowered(name: str, inits: set[str], drop: float) -> tuple[pd.DataFrame, dict]:
@@ -162,62 +231,125 @@ def _need(*names: str) -> None:
 
 
 @pytest.mark.parametrize("before,after", SAME_TEACHER_PAIRS)
-def test_same_teacher_reruns_decide_the_same(before, after):
-    a, b = _outcomes(before), _outcomes(after)
-    moved = _moved(a, b)
-    assert not moved, f"{before} -> {after}: " + "; ".join(f"{k}: {v}" for k, v in moved.items())
-    assert any(o in DECIDED for o, _, _ in a.values())  # the pair decides something that could move
+def test_same_teacher_reruns_agree_within_the_paired_99_percent_bound(before, after):
+    diff, a, b = _differences(before, after), _estimates(before), _estimates(after)
+    assert _linear(diff) == _linear({*a, *b})  # every linear statistic the report estimates, in both runs
+    assert all(math.isfinite(x) for v in diff.values() for x in v)
+    off = disagreements(diff)
+    assert not off, f"{before} -> {after}: " + "; ".join(f"{k}: {v}" for k, v in off.items())
+    assert any(d != 0 for d, _, _ in diff.values())  # rounding moved something the check could reject
+    # The two estimates are the report's own (both runs pair the same seeds in the linear cells).
+    assert all(diff[k][0] == pytest.approx(a[k].estimate - b[k].estimate, abs=1e-12) for k in _linear(diff))
 
 
 @pytest.mark.parametrize("before,after", TEACHER_CHANGED_PAIRS)
-def test_teacher_changed_reruns_agree_within_their_99_percent_intervals(before, after):
+def test_teacher_changed_reruns_agree_within_the_paired_99_percent_bound(before, after):
     _need(before, after)
-    a, b = _estimates(before), _estimates(after)
-    linear = {k for k in (*a, *b) if k[0].split("/")[2] != CONTROL_VARIANT}
-    assert linear <= set(_checked(a, b)), f"not estimated in both: {sorted(linear - set(_checked(a, b)))}"
-    off = _disagreements(a, b)
+    diff = _differences(before, after)
+    assert _linear(diff) and _linear(diff) == _linear({*_estimates(before), *_estimates(after)})
+    assert all(math.isfinite(x) for v in diff.values() for x in v)
+    off = disagreements(diff)
     assert not off, f"{before} -> {after}: " + "; ".join(f"{k}: {v}" for k, v in off.items())
 
 
 @pytest.mark.parametrize("before,after", ONE_TEACHER_MOVED_PAIRS)
 def test_one_teacher_verdicts_move_with_the_teacher(before, after):
     """Under one teacher for every seed a rounding change in the teacher moves decided outcomes (the
-    intervals are conditional on the teacher): what the same-teacher check rejects, on real runs."""
+    intervals are conditional on the teacher): the demonstration of why the grid trains a teacher per seed."""
     assert _moved(_outcomes(before), _outcomes(after))
 
 
-def test_the_same_teacher_check_rejects_a_decided_outcome_moved():
-    """The softmax reference 2 pp worse in the second run: C3's non-inferiority test and its claim go
-    from fails to inconclusive, which a check of holds <-> fails moves alone would let pass."""
-    a = _outcomes(DEFAULT_RUNS[0])
-    b = _outcomes(DEFAULT_RUNS[1], _lowered(DEFAULT_RUNS[1], {"reference"}, 0.02))
-    moved = _moved(a, b)
+def _estimates(name: str) -> dict:
+    runs, predictions = _packed(name)
+    return statistic_estimates(runs, _config(name), predictions)
+
+
+def test_the_comparison_rejects_a_shift_of_a_few_pp_on_the_packed_pairs():
+    """The same-teacher default pair with every teacher-derived role of the second run (all but random) 5 pp
+    worse on every seed: the statistics against random disagree, while matches, whose two roles both moved,
+    does not; with the softmax reference alone 2 pp worse, matches does. The seeds-only pair too."""
+    a, b = DEFAULT_RUNS
+    teacher_roles = {init for (_, _, _, init, _, _, _) in _packed(b)[1]} - {RANDOM}
+    off = disagreements(_differences(a, b, _lowered(b, teacher_roles, 0.05)))
     cell = "fmnist_5to9/micro/elu/steps200"
-    assert ("C3", cell, "matches") in moved and ("C3", cell) in moved
-    assert all(a[k][0] == FAILS and b[k][0] not in DECIDED for k in moved)
-    assert not any({a[k][0], b[k][0]} == {HOLDS, FAILS} for k in a)
+    assert {(cell, name) for name in ("attn_alone", "attn_worse", "mlp_alone")} <= off.keys(), off
+    assert (cell, "matches") not in off
+    off = disagreements(_differences(a, b, _lowered(b, {"reference"}, 0.02)))
+    assert (cell, "matches") in off, off
+    runs, predictions = _packed("32f5dc8")
+    shifted = runs.assign(test_acc=np.where(runs["init"] != RANDOM, runs["test_acc"] - 0.05, runs["test_acc"]))
+    off = disagreements(_differences("8e058aa", "32f5dc8", (shifted, predictions)))
+    assert ("fashion_mnist/micro/elu/steps200", "attn_worse") in off, off
 
 
-def test_the_agreement_check_accepts_rounding_and_rejects_a_teacher_shift():
-    """On the same-teacher pair every statistic agrees (rounding moves none by a tenth of its se); with
-    every teacher-derived role of the second run (all but random, which copies nothing from the
-    teacher) 6 pp worse on every seed, the shares and differences against random disagree."""
-    a, b = _estimates(DEFAULT_RUNS[0]), _estimates(DEFAULT_RUNS[1])
-    names = {t.statistic.name for c in CLAIMS for t in c.tests} - {"surpasses"}  # the same statistic as matches
-    assert {k[1] for k in _checked(a, b)} == names
-    # The estimates are the report's own: the same numbers and intervals as its tests.
-    runs, predictions = _packed(DEFAULT_RUNS[0])
-    verdicts = evaluate_claims(runs, _config(DEFAULT_RUNS[0]), predictions)
-    reported = {(c.key, t.name): (t.estimate, t.low, t.high)
-                for v in verdicts for c in v.cells for t in c.tests if t.name in names}
-    assert reported and all((a[k].estimate, a[k].low, a[k].high) == e for k, e in reported.items())
-    assert not _disagreements(a, b)
-    teacher_roles = {init for (_, _, _, init, _, _, _) in _packed(DEFAULT_RUNS[1])[1]} - {RANDOM}
-    shifted = _estimates(DEFAULT_RUNS[1], _lowered(DEFAULT_RUNS[1], teacher_roles, 0.06))
-    off = _disagreements(a, shifted)
-    assert {"attn_alone", "attn_worse", "mlp_alone"} <= {k[1] for k in off}, off
-    # A statistic in which every role shifted alike does not move: the check is no blanket rejection.
-    assert ("fmnist_5to9/micro/elu/steps200", "matches") not in off
+def _synthetic(accs: dict[str, float], seeds: int = 3, images: int = 2000, seed: int = 0, sd: float = 0.0) -> dict:
+    """Per role, one run per seed, each image right with probability acc + N(0, sd) for that seed (one fixed
+    label set)."""
+    rng = np.random.default_rng(seed)
+    label = np.arange(images) % 10
+
+    def run(s: int, acc: float) -> stats.Run:
+        right = rng.random(images) < acc + sd * rng.standard_normal()
+        return stats.Run(s, 0.0, Predictions(np.where(right, label, (label + 1) % 10), label, "split"))
+    return {role: [run(s, acc) for s in range(seeds)] for role, acc in accs.items()}
+
+
+def _worse(run: stats.Run, k: int, start: int = 0) -> stats.Run:
+    """The run with k of the images it got right (from the `start`-th on) made wrong."""
+    p = run.predictions
+    flip = np.flatnonzero(p.correct)[start:start + k]
+    pred = p.pred.copy()
+    pred[flip] = (p.label[flip] + 1) % 10
+    return stats.Run(run.seed, 0.0, Predictions(pred, p.label, p.digest))
+
+
+WORSE = Statistic("worse", "", (("x", 1.0), ("random", -1.0)))
+SHARE = Statistic("share", "", (("x", 1.0), ("random", -1.0)), (("top", 1.0), ("random", -1.0)))
+
+
+def test_a_shared_role_adds_no_variance_to_the_difference():
+    """random the same in both runs (no teacher), x drawn anew: the difference's SE is that of x's own
+    difference alone, well below the two runs' SEs combined as if independent (random's seed-to-seed SD of
+    3 pp counted twice)."""
+    settings = stats.Settings()
+    a = {**_synthetic({"x": 0.7}, seeds=5, seed=1), **_synthetic({"random": 0.5}, seeds=5, seed=3, sd=0.03)}
+    b = {**_synthetic({"x": 0.7}, seeds=5, seed=2), "random": a["random"]}
+    d, se, df = paired_difference(a, b, WORSE, settings)
+    alone = stats.estimate(stats.pair({"a": a["x"], "b": b["x"]}), {"a": 1, "b": -1}, None, settings)
+    assert (d, se, df) == (pytest.approx(alone.estimate), pytest.approx(alone.se), 4)
+    apart = [stats.estimate(stats.pair(r), {"x": 1, "random": -1}, None, settings) for r in (a, b)]
+    assert d == pytest.approx(apart[0].estimate - apart[1].estimate) and se < 0.5 * math.hypot(*(e.se for e in apart))
+
+
+def test_the_comparison_accepts_rounding_that_moves_an_outcome():
+    """A claim `x - random >= threshold` whose p-value sits at alpha: one seed of x losing 4 of 2,000 images
+    moves it from holds to inconclusive, which the outcome check rejected; the estimates agree."""
+    settings = stats.Settings()
+    a = _synthetic({"x": 0.7, "random": 0.5, "top": 0.8})
+    e = stats.estimate(stats.pair(a), {"x": 1, "random": -1}, None, settings)
+    b = {**a, "x": [_worse(a["x"][0], 4), *a["x"][1:]]}
+    outcomes = [stats.test(stats.pair(r), {"x": 1, "random": -1}, None, e.low - 1e-5, ">=", settings).outcome
+                for r in (a, b)]
+    assert outcomes == [HOLDS, INCONCLUSIVE]
+    for statistic in (WORSE, SHARE):
+        d, se, df = paired_difference(a, b, statistic, settings)
+        assert d != 0 and not disagreements({"moved": (d, se, df)}), statistic.name
+    for statistic in (WORSE, SHARE):  # the same runs: nothing to compare, and nothing rejected
+        same = paired_difference(a, a, statistic, settings)
+        assert same == (0.0, pytest.approx(0.0, abs=1e-8), 2) and not disagreements({"same": same})  # float noise
+
+
+def test_the_comparison_rejects_a_5_pp_shift_that_moves_no_outcome():
+    """x 5 pp worse on every seed of the second run (100 of 2,000 images, other ones on each seed): x - random
+    (20 pp) holds in both, which the outcome check let pass; the estimates disagree, the share's too."""
+    settings = stats.Settings()
+    a = _synthetic({"x": 0.7, "random": 0.5, "top": 0.8})
+    b = {**a, "x": [_worse(r, 100, start=50 * i) for i, r in enumerate(a["x"])]}
+    assert [stats.test(stats.pair({k: r[k] for k in ("x", "random")}), {"x": 1, "random": -1}, None, 0.0, ">=",
+                       settings).outcome for r in (a, b)] == [HOLDS, HOLDS]
+    for statistic in (WORSE, SHARE):
+        d, se, df = paired_difference(a, b, statistic, settings)
+        assert d > 0 and disagreements({"shifted": (d, se, df)}), statistic.name
 
 
 def test_the_default_grid_pair_is_read_image_by_image_and_differs_by_rounding_only():

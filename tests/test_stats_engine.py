@@ -87,6 +87,18 @@ def test_the_image_term_is_the_two_way_variance_of_a_grand_mean():
     assert e.high - e.low == pytest.approx(2 * sps.t.ppf(0.975, n - 1) * se)
 
 
+def test_the_image_term_matches_a_known_variance_when_images_differ_strongly():
+    """X[s, i] = a_i + e_si: a strong per-image effect (sd 1) that every seed shares, coin-flip-like noise (sd 1)
+    and no seed effect. The grand mean's variance over seeds and images is 1 / N + 1 / (n N): the image term,
+    1 / N, is twenty times the rest, so leaving it out (or clipping it to 0) gives a fifth of the SE."""
+    rng = np.random.default_rng(7)
+    n, N = 20, 4000
+    x = rng.standard_normal(N)[None, :] + rng.standard_normal((n, N))
+    sample = stats.Sample({"a": x.astype(np.float32)}, list(range(n)), N, stats.SEEDS_AND_IMAGES)
+    e = stats.estimate(sample, {"a": 1}, None, Settings())
+    assert e.se ** 2 == pytest.approx(1 / N + 1 / (n * N), rel=0.1)
+
+
 def test_the_test_images_variance_is_added_and_shrinks_with_more_images():
     widths = []
     for images in (500, 20000):
@@ -175,6 +187,66 @@ def test_seeds_needed_to_decide_an_undecided_test_at_its_estimate():
     assert result.outcome == TOO_FEW and result.seeds_needed >= 3
 
 
+def _fewest(distance: float, sd: float, alpha: float) -> int:
+    """By hand: the fewest seeds m >= 3 with (t(1 - alpha, m - 1) + t(0.8, m - 1)) x sd / sqrt(m) <= distance."""
+    m = 3
+    while (sps.t.ppf(1 - alpha, m - 1) + sps.t.ppf(0.8, m - 1)) * sd / math.sqrt(m) > distance:
+        m += 1
+    return m
+
+
+def test_seeds_to_fail_a_claim_are_counted_at_its_bonferroni_level():
+    # Paired differences 0.01, 0.03, -0.01, 0.02 against a claim "<= 0": on the fail side, inconclusive.
+    sample = sample_of({"a": [0.61, 0.63, 0.59, 0.62], "b": [0.60, 0.60, 0.60, 0.60]})
+    d = np.array([0.01, 0.03, -0.01, 0.02])
+    sd = d.std(ddof=1)
+    one = stats.test(sample, {"a": 1, "b": -1}, None, 0.0, "<=", Settings())
+    two = stats.test(sample, {"a": 1, "b": -1}, None, 0.0, "<=", Settings(), k=2)
+    assert one.outcome == two.outcome == INCONCLUSIVE and one.p_fails == two.p_fails  # k moves no outcome
+    assert one.seeds_needed == _fewest(d.mean(), sd, 0.025)
+    assert two.seeds_needed == _fewest(d.mean(), sd, 0.025 / 2) > one.seeds_needed
+    # To hold, each test of an intersection-union is at alpha: k changes nothing.
+    holds = [stats.test(sample, {"a": 1, "b": -1}, None, 0.0, ">=", Settings(), k=k).seeds_needed for k in (1, 2)]
+    assert holds[0] == holds[1] == one.seeds_needed
+
+
+def test_seeds_to_decide_come_with_the_range_for_truths_in_the_50_percent_interval():
+    sample = sample_of({"a": [0.61, 0.63, 0.59, 0.62], "b": [0.60, 0.60, 0.60, 0.60]})
+    d = np.array([0.01, 0.03, -0.01, 0.02])
+    sd = d.std(ddof=1)
+    half = sps.t.ppf(0.75, 3) * sd / 2  # the 50% interval of the mean 0.0125: +-0.0065, clear of 0
+    result = stats.test(sample, {"a": 1, "b": -1}, None, 0.0, ">=", Settings(), k=2)
+    assert result.seeds_needed_low == _fewest(d.mean() + half, sd, 0.025)  # the far end: fewer seeds
+    assert result.seeds_needed_high == _fewest(d.mean() - half, sd, 0.025)  # the near end: more
+    assert result.seeds_needed_low < result.seeds_needed < result.seeds_needed_high
+    # The interval reaching the threshold (0.01: 0.0025 away): some truth in it is the threshold, unbounded.
+    near = stats.test(sample, {"a": 1, "b": -1}, None, 0.01, ">=", Settings(), k=2)
+    assert near.seeds_needed_high == math.inf and near.seeds_needed_low < near.seeds_needed < math.inf
+    # The far end (0.0190 above the threshold) is on the holding side; its near end (0.0040 below) would fail,
+    # at alpha / 2: the low end is the fewer of the two.
+    ends = (_fewest(0.0025 + half, sd, 0.025), _fewest(half - 0.0025, sd, 0.0125))
+    assert near.seeds_needed_low == min(ends)
+    # Decided tests: NaN throughout.
+    decided = stats.test(sample, {"a": 1, "b": -1}, None, -0.5, ">=", Settings())
+    assert all(math.isnan(x) for x in (decided.seeds_needed, decided.seeds_needed_low, decided.seeds_needed_high))
+
+
+def test_a_share_needs_its_benefit_established_too_the_larger_count():
+    """The contrast num - 0.25 den is 0.2 on every seed (min_seeds decides it), but the benefit, 0.03 with
+    SD 0.032 over seeds, is not established: its seeds, at the estimate and at the 50% interval's ends,
+    are the counts."""
+    den = np.array([0.02, 0.06, -0.01, 0.05])
+    num = 0.25 * den + 0.2 + np.array([0.001, -0.001, 0.0005, -0.0005])
+    sample = sample_of({"x": list(0.5 + num), "r": [0.5] * 4, "all": list(0.5 + den)})
+    result = stats.test(sample, {"x": 1, "r": -1}, {"all": 1, "r": -1}, 0.25, "<=", Settings())
+    assert result.outcome == INCONCLUSIVE and "not established" in result.note
+    sd = den.std(ddof=1)
+    half = sps.t.ppf(0.75, 3) * sd / 2
+    assert (result.seeds_needed, result.seeds_needed_low, result.seeds_needed_high) == (
+        _fewest(den.mean(), sd, 0.025), _fewest(den.mean() + half, sd, 0.025), _fewest(den.mean() - half, sd, 0.025))
+    assert result.seeds_needed_low > 3  # more than the contrast alone needs
+
+
 def test_too_few_seeds_never_decide():
     one = stats.pair(runs_of({"a": 0.9, "b": 0.5}, seeds=(0,)))
     two = stats.pair(runs_of({"a": 0.9, "b": 0.5}, seeds=(0, 1)))
@@ -217,6 +289,9 @@ def test_combine_needs_every_test_to_hold_and_corrects_failures():
     assert stats.combine([r(TOO_FEW, 0.001), r(INCONCLUSIVE, 0.3)], s) == TOO_FEW  # too few never decides
     assert stats.combine([r(TOO_FEW, math.nan), r(FAILS, 0.001)], s) == FAILS
     assert stats.combine([r(INCONCLUSIVE, math.nan), r(HOLDS, 0.9)], s) == INCONCLUSIVE
+    # k: the claim's deciding tests, also those not given here (one could not be evaluated).
+    assert stats.combine([r(FAILS, 0.02)], s, k=2) == INCONCLUSIVE and stats.combine([r(FAILS, 0.01)], s, k=2) == FAILS
+    assert stats.combined_p_fails([r(FAILS, 0.01)], k=2) == pytest.approx(0.02)
 
 
 def test_the_claims_p_value_is_combines_reading_in_any_order():
@@ -241,6 +316,10 @@ def test_holm_steps_down():
     assert stats.holm([0.04, 0.001], 0.05) == [True, True]
     assert stats.holm([0.03, 0.03], 0.05) == [False, False]
     assert stats.holm([], 0.05) == []
+    # The family is every member, tested or not: a NaN counts in m (0.03 > 0.05 / 2), and is never rejected.
+    assert stats.holm([0.03, math.nan], 0.05) == [False, False]
+    assert stats.holm([0.02, math.nan], 0.05) == [True, False]
+    assert stats.holm([0.001, math.nan, 0.02], 0.05) == [True, False, True]
 
 
 def test_pairing_intersects_seeds_and_refuses_other_test_sets():

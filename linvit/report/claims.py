@@ -13,12 +13,15 @@ A claim cell is (dataset, size, variant, budget): students compared with the rol
 reference trained with the same budget. Each test pairs its own roles' runs by seed and test image
 (linvit.report.stats.pair) and is judged by linvit.report.stats.test: holds, fails, inconclusive, or
 too few seeds (below `claims.min_seeds`). A claim holds in a cell when all its deciding tests hold;
-it fails when one fails at the Bonferroni level across its tests (stats.combine).
+it fails when one fails at the Bonferroni level across its k deciding tests (stats.combine), k counting
+every deciding test of the claim, so a failure stands even where another test is not evaluable (a
+role the grid lacks, runs that do not pair); otherwise such a cell is not evaluable.
 
 C4 is not a table entry but the aggregation of C1-C3 over the linear cells: every cell holding (an
 intersection-union rule, no correction), or a failure that survives Holm's correction across every
-(claim, cell, budget) of the grid, so the error of "fails somewhere" is controlled over budgets too. An axis (datasets,
-sizes, variants) the grid does not vary is "not tested". Cells of the softmax control variant
+(claim, cell, budget) of the grid, so the error of "fails somewhere" is controlled over budgets too (the
+family is every such triple, also the ones not judged: its size does not depend on the data). An axis
+(datasets, sizes, variants) the grid does not vary is "not tested". Cells of the softmax control variant
 (`softmax` listed in `variants`: the attention-transfer setting without a softmax-to-linear boundary)
 are evaluated with the same tests but decide no claim; the report shows them beside each variant.
 
@@ -177,6 +180,8 @@ class TestOutcome:
     p_fails: float = math.nan
     mde: float = math.nan
     seeds_needed: float = math.nan  # undecided: paired seeds to decide it with 80% power at the estimate
+    seeds_needed_low: float = math.nan  # ... and the range for truths in the estimate's 50% interval
+    seeds_needed_high: float = math.nan
     threshold: float = math.nan
     side: str = ""
     decides: bool = True
@@ -379,18 +384,24 @@ class _Cell:
 def _judge(claim: Claim, cell: _Cell, thresholds: Thresholds, settings: stats.Settings) -> CellVerdict:
     verdict = CellVerdict(claim.name, cell.dataset, cell.size, cell.variant, cell.budget, NOT_EVALUABLE,
                           control=cell.variant == CONTROL_VARIANT)
-    verdict.tests = [_run_test(test, cell, thresholds, settings) for test in claim.tests]
+    k = len(claim.deciding)  # the Bonferroni k: every deciding test, evaluable or not
+    verdict.tests = [_run_test(test, cell, thresholds, settings, k if test.decides else 1) for test in claim.tests]
     deciding = [t for t in verdict.tests if t.decides]
-    blocked = [t.note for t in deciding if t.outcome == NOT_EVALUABLE]
-    if blocked:
-        verdict.why = blocked[0]
+    judged = [t for t in deciding if t.outcome != NOT_EVALUABLE]
+    # One evaluable test failing at alpha / k fails the claim whatever the others would say; holding needs
+    # them all, so short of a failure a test that could not be evaluated leaves the cell not evaluable.
+    outcome = stats.combine(judged, settings, k)  # reads each test's outcome and p_fails
+    blocked = [t for t in deciding if t.outcome == NOT_EVALUABLE]
+    if blocked and outcome != FAILS:
+        verdict.why = "; ".join(dict.fromkeys(t.note for t in blocked))  # each reason once
         return verdict
-    verdict.outcome = stats.combine(deciding, settings)  # reads each test's outcome and p_fails
-    verdict.p_fails = stats.combined_p_fails(deciding)  # never from a too-few-seeds test; NaNs skipped
+    verdict.outcome = outcome
+    verdict.p_fails = stats.combined_p_fails(judged, k)  # never from a too-few-seeds test; NaNs skipped
     return verdict
 
 
-def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.Settings) -> TestOutcome:
+def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.Settings, k: int = 1) -> TestOutcome:
+    """One test in one cell; k: the deciding tests of its claim (for the seeds that would fail it)."""
     s = test.statistic
     out = TestOutcome(s.name, NOT_EVALUABLE, decides=test.decides, side=test.side or "")
     why = cell.missing(s.roles)
@@ -409,11 +420,12 @@ def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.S
         out.outcome = ""
     else:
         out.threshold = thresholds.value(test.threshold)
-        result = stats.test(sample, numerator, denominator, out.threshold, test.side, settings)
+        result = stats.test(sample, numerator, denominator, out.threshold, test.side, settings, k)
         e = result.estimate
         out.outcome, out.p_holds, out.p_fails, out.mde, out.note = (result.outcome, result.p_holds, result.p_fails,
                                                                     result.mde, result.note)
-        out.seeds_needed = result.seeds_needed
+        out.seeds_needed, out.seeds_needed_low, out.seeds_needed_high = (
+            result.seeds_needed, result.seeds_needed_low, result.seeds_needed_high)
     out.estimate, out.low, out.high, out.level = e.estimate, e.low, e.high, e.level
     return out
 
@@ -477,8 +489,10 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings) ->
     intersection-union rule: "holds everywhere" needs no correction, each test at alpha); fails when one
     of them fails after Holm's correction across every (claim, cell, budget) of the grid, one family, so
     that more cells or more budgets never make a spurious failure anywhere more likely than alpha (the
-    overall verdict and every budget's read the same corrected family); too few seeds / not evaluable /
-    inconclusive otherwise."""
+    overall verdict and every budget's read the same corrected family); a triple without a p-value (not
+    evaluable, too few seeds, no established benefit) still counts in the family's size, so the
+    correction is fixed by the grid, not by the data; too few seeds / not evaluable / inconclusive
+    otherwise."""
     rows = [parts for budget in budgets(config)
             for parts in zip(*([c for c in v.cells if c.budget == budget] for v in verdicts))]
     p_values = [p.p_fails if p.outcome in (FAILS, INCONCLUSIVE, HOLDS) else math.nan for parts in rows for p in parts]

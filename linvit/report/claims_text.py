@@ -55,9 +55,11 @@ def rules_markdown(config: dict) -> str:
         f"the Bonferroni level across them. The minimum detectable effect (MDE) is the distance from the "
         f"threshold that the test would detect with 80% power at the cell's seeds and images. For a deciding "
         f"test that is undecided (inconclusive or too few seeds), *seeds to decide* is the number of paired "
-        f"seeds{_teachers_too(config)} at which it would hold or fail with 80% power if the truth were its "
-        f"current estimate (the seed-to-seed variance shrinking with seeds, the test images' sampling not; "
-        f"a share also needs its benefit established): what a larger run would need. Every interval is "
+        f"seeds{_teachers_too(config)} at which it would hold (at {100 * s.alpha:g}%) or fail (at the claim's "
+        f"Bonferroni level) with 80% power if the truth were its current estimate (the seed-to-seed variance "
+        f"shrinking with seeds, the test images' sampling not; a share also needs its benefit established): "
+        f"what a larger run would need. It is rough (observed power: the estimate taken for the truth), so the "
+        f"range for truths in the estimate's 50% interval is given beside it. Every interval is "
         f"{claims_intervals(config)}.",
         "",
     ]
@@ -150,14 +152,21 @@ def _test_row(key: str, t: TestOutcome) -> str:
 
 
 def seeds_text(t: TestOutcome) -> str:
-    """A deciding test's seeds to decide: '12 (to fail)'; 'none at this estimate' where no number of seeds
-    would; '' for a decided test or a reported one."""
+    """A deciding test's seeds to decide, with the rough range for truths in its estimate's 50% interval:
+    '22 (to fail; 10-59 in the 50% interval)', '... 10-∞ ...' where that interval reaches the threshold;
+    'none at this estimate (...)' where no number of seeds would at the estimate; '' for a decided test or a
+    reported one."""
     if not t.decides or math.isnan(t.seeds_needed):
         return ""
+
+    def count(m: float) -> str:
+        return "∞" if math.isinf(m) else f"{int(m):,}"
+    span = "" if math.isnan(t.seeds_needed_low) else f"{count(t.seeds_needed_low)}-{count(t.seeds_needed_high)}"
     if math.isinf(t.seeds_needed):
-        return "none at this estimate"
+        return "none at this estimate" + (f" ({span} in the 50% interval)" if span else "")
     holds_side = (t.estimate <= t.threshold) == (t.side == "<=")
-    return f"{int(t.seeds_needed):,} (to {'hold' if holds_side else 'fail'})"
+    return f"{count(t.seeds_needed)} (to {'hold' if holds_side else 'fail'}" + (
+        f"; {span} in the 50% interval)" if span else ")")
 
 
 def _teachers_too(config: dict) -> str:
@@ -286,4 +295,5 @@ def mde_markdown(verdicts: list[ClaimVerdict], config: dict | None = None) -> st
             "read as inconclusive. For an undecided test, *seeds to decide* is the number of paired seeds"
             f"{teachers} that would decide it with 80% power if the truth were its current estimate (the test "
             "images' sampling does not shrink with seeds, so some estimates are out of reach): what a larger "
-            "run needs.\n\n" + "\n".join(rows))
+            "run needs. It is rough (observed power), so the range for truths in the estimate's 50% interval "
+            "follows it (∞: that interval reaches the threshold).\n\n" + "\n".join(rows))

@@ -37,11 +37,17 @@ the distance from the threshold that the test would detect with 80% power,
 (t(1 - alpha, n - 1) + t(0.8, n - 1)) x SE (a share's: over the mean denominator). An undecided test
 (inconclusive, too few seeds) gives `seeds_needed`: the paired seeds m at which it would decide with
 80% power if the truth were its estimate, with SE(m)^2 = per-seed variance / m + the images' part
-(which more seeds do not shrink); a share also needs its denominator established.
+(which more seeds do not shrink), holding at alpha or failing at alpha / k (k: its claim's deciding
+tests, as `combine` reads a failure); a share also needs its denominator established. That is
+"observed power", as noisy as the estimate, so `seeds_needed_low` / `_high` give the range for
+truths at either end of the estimate's 50% interval (high is inf when that interval reaches the
+threshold).
 
 A claim with several deciding tests holds when all hold (an intersection-union test, at alpha with
-no correction) and fails when one fails at alpha / k (Bonferroni, Holm's first step). The method's
-calibration by simulation is linvit.report.calibration (docs/statistics.md).
+no correction) and fails when one fails at alpha / k (Bonferroni, Holm's first step; k counts every
+deciding test, also one that could not be evaluated). `holm` corrects across a family whose size is
+fixed by the design: a NaN p-value counts in it and is never rejected. The method's calibration by
+simulation is linvit.report.calibration (docs/statistics.md).
 """
 
 from __future__ import annotations
@@ -199,8 +205,11 @@ class TestResult:
     mde: float
     note: str = ""
     # Undecided tests (inconclusive, too few seeds): the paired seeds that would decide it with POWER if
-    # the truth were the current estimate (seeds_needed); inf where no number of seeds would; NaN else.
+    # the truth were the current estimate (seeds_needed), and if it were at the low / high-need end of the
+    # estimate's 50% interval (the rough range); inf where no number of seeds would; NaN else.
     seeds_needed: float = math.nan
+    seeds_needed_low: float = math.nan
+    seeds_needed_high: float = math.nan
 
 
 class _Moments:
@@ -332,31 +341,34 @@ def _estimate(n: int, N: int, means: np.ndarray, cov: np.ndarray, ratio_of: bool
 MAX_SEEDS = 100_000  # seeds_needed: more than this reads as unreachable
 
 
-def seeds_needed(distance: float, per_seed: float, image: float, settings: Settings) -> float:
-    """The fewest paired seeds m (at least min_seeds) at which a one-sided t test at alpha detects a true
-    contrast `distance` from 0 with POWER, (t(1 - alpha, m - 1) + t(POWER, m - 1)) x SE(m) <= distance,
-    where SE(m)^2 = per_seed / m + image: the seed-to-seed variance of one seed's paired value shrinks with
-    seeds, the test images' sampling (`image`, the variance of the mean over images) does not. inf when no
-    number of seeds reaches it (the estimate at the threshold, or the images' part alone too wide)."""
+def seeds_needed(distance: float, per_seed: float, image: float, settings: Settings,
+                 alpha: float | None = None) -> float:
+    """The fewest paired seeds m (at least min_seeds) at which a one-sided t test at `alpha` (default
+    settings.alpha) detects a true contrast `distance` from 0 with POWER, (t(1 - alpha, m - 1) + t(POWER,
+    m - 1)) x SE(m) <= distance, where SE(m)^2 = per_seed / m + image: the seed-to-seed variance of one
+    seed's paired value shrinks with seeds, the test images' sampling (`image`, the variance of the mean
+    over images) does not. inf when no number of seeds reaches it (the estimate at the threshold, or the
+    images' part alone too wide)."""
+    alpha = settings.alpha if alpha is None else alpha
     if not distance > 0 or not math.isfinite(distance):
         return math.inf
-    z = _quantile(1 - settings.alpha, math.inf) + _quantile(POWER, math.inf)
+    z = _quantile(1 - alpha, math.inf) + _quantile(POWER, math.inf)
     room = (distance / z) ** 2 - image  # what the seed part may take, at normal quantiles (a lower bound)
     if not room > 0:
         return math.inf
     m = max(settings.min_seeds, 2, math.floor(per_seed / room))
     while m <= MAX_SEEDS:
-        if (_quantile(1 - settings.alpha, m - 1) + _quantile(POWER, m - 1)) * math.sqrt(per_seed / m + image) \
-                <= distance:
+        if (_quantile(1 - alpha, m - 1) + _quantile(POWER, m - 1)) * math.sqrt(per_seed / m + image) <= distance:
             return float(m)
         m = m + 1 if m < 1000 else math.ceil(m * 1.01)  # t quantiles settle: coarser steps far out
     return math.inf
 
 
 def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, threshold: float, side: str,
-         settings: Settings) -> TestResult:
+         settings: Settings, k: int = 1) -> TestResult:
     """The claim `numerator [/ denominator] <side> threshold` (side '<=' or '>='), by one-sided t tests
-    of its contrast on each side (see the module doc)."""
+    of its contrast on each side (see the module doc). k: the deciding tests of its claim, which fails
+    only at alpha / k: what seeds_needed sizes a failure for (the outcome itself is at alpha)."""
     if side not in ("<=", ">="):
         raise ValueError(f"side must be '<=' or '>=', got {side!r}")
     n, N, means, seed, image = _statistic_parts(sample, numerator, denominator)
@@ -391,22 +403,37 @@ def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, thre
         outcome = FAILS
     else:
         outcome = INCONCLUSIVE
-    needed = math.nan
+    needed = (math.nan,) * 3
     if outcome in (INCONCLUSIVE, TOO_FEW):
-        needed = _seeds_needed(n, means, seed, image, denominator is not None, threshold, mean, settings)
-    return TestResult(outcome, p_holds, p_fails, est, threshold, side, mde, note, needed)
+        needed = _seeds_needed(n, means, seed, image, denominator is not None, threshold, sign * mean, k, settings)
+    return TestResult(outcome, p_holds, p_fails, est, threshold, side, mde, note, *needed)
 
 
 def _seeds_needed(n: int, means: np.ndarray, seed: np.ndarray, image: np.ndarray, ratio_of: bool,
-                  threshold: float, mean: float, settings: Settings) -> float:
-    """seeds_needed for the test's contrast num - threshold x den at its current estimate `mean` (either
-    side: to hold or to fail), from the projection's seed and image parts; a share needs its denominator
-    established positive too (the larger of the two)."""
+                  threshold: float, against: float, k: int, settings: Settings) -> tuple[float, float, float]:
+    """seeds_needed for the test's contrast num - threshold x den (`against`: its estimate, signed so
+    that below 0 is the claim's side) with the truth at the estimate, and the (low, high) range for
+    truths in the estimate's 50% interval: the ends, high inf when the interval reaches the threshold.
+    To hold: at alpha; to fail: at alpha / k (the claim's Bonferroni level). A share needs its
+    denominator established positive too (at each point the larger count)."""
     w = np.array([1.0, -threshold] if ratio_of else [1.0])
-    needed = seeds_needed(abs(mean), n * float(w @ seed @ w), float(w @ image @ w), settings)
+    per_seed, image_part = n * float(w @ seed @ w), float(w @ image @ w)
+    half = _quantile(0.75, n - 1) * math.sqrt(max(per_seed / n + image_part, 0.0))
+
+    def need(truth: float) -> float:
+        alpha = settings.alpha if truth < 0 else settings.alpha / k
+        return seeds_needed(abs(truth), per_seed, image_part, settings, alpha)
+
+    ends = (need(against - half), need(against + half))
+    needed, low = need(against), min(ends)
+    high = math.inf if (against - half) * (against + half) <= 0 else max(ends)
     if ratio_of:
-        needed = max(needed, seeds_needed(float(means[1]), n * float(seed[1, 1]), float(image[1, 1]), settings))
-    return needed
+        d, d_seed, d_image = float(means[1]), n * float(seed[1, 1]), float(image[1, 1])
+        d_half = _quantile(0.75, n - 1) * math.sqrt(max(d_seed / n + d_image, 0.0))
+        needed = max(needed, seeds_needed(d, d_seed, d_image, settings))
+        low = max(low, seeds_needed(d + d_half, d_seed, d_image, settings))
+        high = max(high, seeds_needed(d - d_half, d_seed, d_image, settings))
+    return needed, low, high
 
 
 def seed_interval(values: Sequence[float], level: float = DEFAULTS["level"]) -> tuple[float, float]:
@@ -421,13 +448,13 @@ def seed_interval(values: Sequence[float], level: float = DEFAULTS["level"]) -> 
     return float(x.mean()) - half, float(x.mean()) + half
 
 
-def combine(results: Sequence, settings: Settings) -> str:
+def combine(results: Sequence, settings: Settings, k: int | None = None) -> str:
     """A claim whose deciding tests must all hold (each result has `outcome` and `p_fails`): holds when
-    every one holds, fails when one fails at alpha / k (Bonferroni), too few seeds when one has too
-    few and none fails, else inconclusive."""
+    every one holds, fails when one fails at alpha / k (Bonferroni; k: the claim's deciding tests, by
+    default len(results)), too few seeds when one has too few and none fails, else inconclusive."""
     if not results:
         return INCONCLUSIVE
-    k = len(results)
+    k = len(results) if k is None else k
     if any(not math.isnan(r.p_fails) and r.p_fails <= settings.alpha / k and r.outcome != TOO_FEW
            for r in results):
         return FAILS
@@ -437,20 +464,22 @@ def combine(results: Sequence, settings: Settings) -> str:
     return TOO_FEW if TOO_FEW in outcomes else INCONCLUSIVE
 
 
-def combined_p_fails(results: Sequence) -> float:
+def combined_p_fails(results: Sequence, k: int | None = None) -> float:
     """The claim's p-value against it holding, as `combine` reads it: k x the smallest p_fails (Bonferroni
-    over its k deciding tests, capped at 1) among the tests that can decide (not too few seeds) and have
-    one (a share whose denominator is not established has none); NaN when none does. Independent of the
-    tests' order, so combine's "fails" and this p-value at alpha always agree."""
+    over its k deciding tests, by default len(results), capped at 1) among the tests that can decide (not
+    too few seeds) and have one (a share whose denominator is not established has none); NaN when none
+    does. Independent of the tests' order, so combine's "fails" and this p-value at alpha always agree."""
     usable = [r.p_fails for r in results if r.outcome != TOO_FEW and not math.isnan(r.p_fails)]
-    return min(1.0, len(results) * min(usable)) if usable else math.nan
+    return min(1.0, (len(results) if k is None else k) * min(usable)) if usable else math.nan
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
-    """Holm's step-down rejections at family-wise error alpha (a NaN p-value is never rejected)."""
+    """Holm's step-down rejections at family-wise error alpha over every member of the family: a NaN
+    p-value (a member the data could not test) still counts in its size m and is never rejected, so the
+    correction is fixed by the design, not by which members the data happened to test."""
     order = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
     rejected = [False] * len(p_values)
-    m = len(order)
+    m = len(p_values)
     for rank, (p, i) in enumerate(order):
         if p > alpha / (m - rank):
             break

@@ -26,9 +26,10 @@ from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, 
 from linvit.report.claims import CONTROL_VARIANT, ClaimVerdict, evaluate_claims, intervals_over
 from linvit.report.claims_text import (budget_markdown, claims_markdown, control_markdown, coverage_section,
                                        mde_markdown, roles_markdown, rules_markdown, verdicts_table)
+from linvit.report.decisions import section as decisions_section
+from linvit.report.figures_tests import CAPTION as TESTS_CAPTION, TESTS_FIGURE, claim_tests
 from linvit.report.roles import COPY_MLP_DISTILL, resolve_roles
-from linvit.report.tables import (cost_table, designs_table, pct, summarize, training_text,
-                                  unequal_distillation)
+from linvit.report.tables import cost_table, designs_table, pct, summarize, training_text, unequal_distillation
 from linvit.report.figures import (accuracy_by_budget, accuracy_vs_throughput, attention_maps, cost_to_accuracy,
                                    fidelity_by_block, gap_closed_heatmap, write_figures)
 from linvit.report.provenance import collect as collect_provenance, markdown as provenance_markdown
@@ -65,7 +66,8 @@ def write_report(config: dict, results: str | Path, report_dir: str | Path) -> l
                + fidelity_by_block(runs, config, figure_dir)
                + attention_maps(attention_records(runs, results), figure_dir)
                + gap_closed_heatmap(summary, config, figure_dir) + cost_to_accuracy(runs, config, figure_dir, curves)
-               + accuracy_vs_throughput(runs, config, figure_dir))
+               + accuracy_vs_throughput(runs, config, figure_dir)
+               + claim_tests(verdicts, (config.get("sequential") or {}).get("looks"), figure_dir))
     written.extend(figures)
     scaling, scaling_figures = _scaling_section(bench_path, report_dir) if bench_path.exists() else ("", [])
     written.extend(scaling_figures)
@@ -117,6 +119,7 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
         "## Claims\n\n" + _roles_section(config) + "\n\n### How the verdicts are reached\n\n"
         + rules_markdown(config) + "\n\n" + coverage_section(config) + "\n\n" + _budgets_section(verdicts)
         + claims_markdown(verdicts),
+        decisions_section(config, verdicts, jobs, results),  # '' under a fixed design
         "## Positive control\n\n" + control_markdown(verdicts, config),
         "## Distillation designs and baselines\n\n" + _designs_section(designs, config),
         "## Cost\n\n" + _cost_section(costs, jobs, config),
@@ -128,7 +131,7 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
         sections.insert(-1, harness)
     if provenance:
         sections.append("## Provenance\n\n" + provenance)
-    return "\n\n".join(s.rstrip() for s in sections) + "\n"
+    return "\n\n".join(s.rstrip() for s in sections if s) + "\n"
 
 
 def scale_markdown(config: dict, runs: pd.DataFrame, results: str | Path) -> str:
@@ -347,6 +350,7 @@ CAPTIONS = {
     "accuracy_vs_throughput": "Test accuracy at the largest budget against measured forward throughput (images/s on "
                               "the evaluating machine), per operator and init strategy [design], the softmax "
                               "reference a star; bars are t intervals over seeds (the claims' level).",
+    TESTS_FIGURE: TESTS_CAPTION,
 }
 
 

@@ -1,0 +1,348 @@
+"""The report's Decisions section, for a grid with a `sequential:` plan (linvit decide): the plan, each deciding
+test's looks (seeds, estimate, repeated interval, T against its boundaries, information fraction, conditional
+power, outcome), where and why it stopped and the seeds it used, the looks the driver ran
+(results/decide/state.json), and the jobs and CPU-hours spent against a fixed design at the cap.
+
+`evaluate` returns numbers only; `markdown` says them in words. A fixed design (no plan) has no section.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from linvit.config import seed_sequence
+from linvit.grid import jobs as grid_jobs
+from linvit.report import sequential, stats
+from linvit.report.aggregate import COST_RULES, benchmark_jobs
+from linvit.report.claims import CLAIMS, NOT_EVALUABLE, ClaimVerdict, Design, TestOutcome
+from linvit.report.claims_text import number
+
+DECIDE_STATE = "decide/state.json"  # under results/ (linvit.decide's DECIDE and STATE)
+GPU_COLUMN = "gpu_time"  # seconds, by analogy with cpu_time; Snakemake's benchmark files have none today
+# Why a test is where it is (the renderer's words are keyed by these).
+HOLD, FAIL, FUTILITY, CAP, CONTINUES, CLAIM_DONE, WAITS, UNEVALUABLE = (
+    "hold boundary", "fail boundary", "futility", "cap", "continues", "claim decided", "waits", "not evaluable")
+_STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
+
+
+@dataclass
+class TestDecision:
+    """One deciding test of one linear cell under the plan."""
+
+    claim: str
+    cell: str
+    test: TestOutcome
+    reason: str
+    claim_outcome: str
+    seeds: tuple[int, ...] = ()  # the seeds of its last look
+    next_seeds: int = 0  # CONTINUES: the seeds of the next look
+
+
+@dataclass
+class KindCost:
+    """One job kind (teacher, distill, student, reference): the grid's jobs so far and a fixed grid's at the cap."""
+
+    kind: str
+    jobs: int
+    benchmarked: int
+    cpu_s: float  # measured, summed over the benchmarked jobs
+    cpu_mean_s: float  # per benchmarked job
+    fixed_jobs: int
+
+    @property
+    def cpu_spent_s(self) -> float:
+        """Measured, the jobs without a benchmark file counted at the kind's mean (NaN: none measured)."""
+        missing = self.jobs - self.benchmarked
+        return (self.cpu_s if self.benchmarked else 0.0) + (missing * self.cpu_mean_s if missing else 0.0)
+
+    @property
+    def cpu_fixed_s(self) -> float:
+        return self.fixed_jobs * self.cpu_mean_s if self.fixed_jobs else 0.0
+
+
+@dataclass
+class Spending:
+    kinds: list[KindCost]
+    cap_seeds: int
+    gpu_s: float | None = None  # None: no benchmark file has a GPU column
+    gpu_fixed_s: float | None = None
+
+    @property
+    def jobs(self) -> int:
+        return sum(k.jobs for k in self.kinds)
+
+    @property
+    def fixed_jobs(self) -> int:
+        return sum(k.fixed_jobs for k in self.kinds)
+
+    @property
+    def benchmarked(self) -> int:
+        return sum(k.benchmarked for k in self.kinds)
+
+    @property
+    def cpu_s(self) -> float:
+        return math.fsum(k.cpu_spent_s for k in self.kinds)
+
+    @property
+    def cpu_fixed_s(self) -> float:
+        return math.fsum(k.cpu_fixed_s for k in self.kinds)
+
+
+@dataclass
+class Decisions:
+    plan: sequential.Plan
+    alpha: float
+    tests: list[TestDecision]
+    spending: Spending
+    looks_run: list[dict] | None = None  # state.json's looks; None: no state file
+    next_look: dict | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def deciding_tests(verdicts: list[ClaimVerdict]) -> list[tuple[str, str, str, TestOutcome]]:
+    """(claim, cell key, the claim's outcome there, test) for every deciding test of every linear cell."""
+    return [(v.claim, c.key, c.outcome, t) for v in verdicts for c in v.cells for t in c.tests if t.decides]
+
+
+def evaluate(config: dict, verdicts: list[ClaimVerdict], jobs: pd.DataFrame, results: str | Path) -> Decisions | None:
+    """The section's numbers; None for a fixed design. `jobs`: aggregate.benchmark_jobs(config, results)."""
+    design = Design.from_config(config)
+    if design is None:
+        return None
+    plan = design.plan
+    tests = [_decision(claim, key, outcome, t, design) for claim, key, outcome, t in deciding_tests(verdicts)]
+    out = Decisions(plan, stats.Settings.from_config(config).alpha, tests, _spending(config, jobs, plan.cap))
+    path = Path(results) / DECIDE_STATE
+    if path.exists():
+        try:
+            state = json.loads(path.read_text())
+            out.looks_run, out.next_look = list(state.get("looks") or []), state.get("next")
+        except (OSError, ValueError, AttributeError) as err:
+            out.problems.append(f"{path}: unreadable ({err})")
+    return out
+
+
+def _decision(claim: str, key: str, claim_outcome: str, t: TestOutcome, design: Design) -> TestDecision:
+    looks = t.looks or []
+    d = TestDecision(claim, key, t, UNEVALUABLE, claim_outcome,
+                     design.seeds[len(looks) - 1] if looks else ())
+    if t.outcome == NOT_EVALUABLE:
+        return d
+    if not looks:
+        d.reason = WAITS
+    elif t.outcome == stats.HOLDS:
+        d.reason = HOLD
+    elif t.outcome == stats.FAILS:
+        d.reason = FAIL
+    elif t.outcome == sequential.FUTILE:
+        d.reason = CAP if looks[-1]["look"] == len(design.plan.looks) else FUTILITY
+    elif claim_outcome == sequential.CONTINUES:
+        d.reason, d.next_seeds = CONTINUES, design.plan.looks[len(looks)]
+    else:  # the driver adds seeds only to tests of a claim still undecided in the cell
+        d.reason = CLAIM_DONE
+    return d
+
+
+def _kind(rule: str) -> str:
+    return "teacher" if rule.startswith("teacher") else rule
+
+
+def _spending(config: dict, jobs: pd.DataFrame, cap: int) -> Spending:
+    """The grid's jobs so far (config with its added seeds) per kind, with their measured CPU, against a fixed
+    grid of every role at the cap's seeds (grid.jobs of the config without a plan's added seeds), each kind
+    costed at its measured mean."""
+    fixed = {k: v for k, v in config.items() if k != "added_seeds"}
+    fixed["seeds"] = seed_sequence(config, cap)
+    counts = pd.Series([_kind(j.rule) for j in grid_jobs(fixed) if j.benchmark is not None]).value_counts()
+    kinds = []
+    for kind in COST_RULES:
+        rows = jobs[jobs["rule"] == kind]
+        cpu = pd.to_numeric(rows["cpu_time_s"], errors="coerce").dropna()
+        if len(rows) or counts.get(kind, 0):
+            kinds.append(KindCost(kind, len(rows), len(cpu), float(cpu.sum()),
+                                  float(cpu.mean()) if len(cpu) else math.nan, int(counts.get(kind, 0))))
+    out = Spending(kinds, cap)
+    gpu = _gpu_seconds(jobs)
+    if gpu is not None:
+        spent, means = gpu
+        out.gpu_s = math.fsum(spent.values())
+        out.gpu_fixed_s = math.fsum(k.fixed_jobs * means.get(k.kind, math.nan) for k in kinds if k.fixed_jobs)
+    return out
+
+
+def _gpu_seconds(jobs: pd.DataFrame) -> tuple[dict, dict] | None:
+    """GPU seconds per kind (summed, and mean per benchmarked job) from the benchmark files' GPU_COLUMN, a file
+    without it counting 0; None when no file has it."""
+    values: dict[str, list[float]] = {}
+    found = False
+    for row in jobs.itertuples():
+        path = Path(row.path)
+        if not path.exists():
+            continue
+        try:
+            frame = pd.read_csv(path, sep="\t")
+        except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError):
+            continue  # the cost table names unreadable files
+        value = pd.to_numeric(frame[GPU_COLUMN], errors="coerce").mean() if GPU_COLUMN in frame else math.nan
+        found = found or not math.isnan(value)
+        values.setdefault(row.rule, []).append(0.0 if math.isnan(value) else float(value))
+    if not found:
+        return None
+    return ({k: math.fsum(v) for k, v in values.items()}, {k: math.fsum(v) / len(v) for k, v in values.items()})
+
+
+# -- words ------------------------------------------------------------------------------------------------------
+
+def section(config: dict, verdicts: list[ClaimVerdict], jobs: pd.DataFrame | None, results: str | Path) -> str:
+    """The '## Decisions' section, '' under a fixed design. `jobs`: as for evaluate (None: read here)."""
+    if jobs is None and config.get("sequential") is not None:
+        jobs = benchmark_jobs(config, results)
+    decisions = evaluate(config, verdicts, jobs, results)
+    return "" if decisions is None else "## Decisions\n\n" + markdown(decisions)
+
+
+def markdown(d: Decisions) -> str:
+    plan = d.plan
+    futility = (f"a test whose conditional power at the cap is below {plan.futility:g} stops as \"undecided within "
+                f"the cap\" from look {plan.futility_from} on (non-binding: the boundaries ignore it)"
+                if plan.futility is not None else "no futility stop")
+    gamma = f" (gamma {plan.gamma:g})" if plan.spending == "hwang_shih_decani" else ""
+    parts = [f"**Plan:** looks at {', '.join(map(str, plan.looks))} paired seeds (the cap: {plan.cap}); each test's "
+             f"error spent across its looks by `{plan.spending}`{gamma} over the information fraction, "
+             f"{100 * d.alpha:g}% to hold wrongly and {100 * d.alpha:g}% / k to fail wrongly (k: its claim's deciding "
+             f"tests); futility: {futility}.",
+             _looks_run(d),
+             "Each deciding test of each linear cell below, look by look: its estimate and repeated interval, the "
+             "statistic T (on the hold side's scale: positive toward holding) against the boundaries of that look "
+             "(it holds at T ≥ the hold bound, fails at T ≤ -(the fail bound)), the information fraction and the "
+             "conditional power at the cap under the current trend. A test that stopped before the cap has a point "
+             "estimate biased away from the threshold (it stopped because it was far from it); its interval is the "
+             "stopping look's repeated interval, which covers the truth at every look at once (at the level given "
+             "with each test), so it stays valid.",
+             _tally(d.tests)]
+    parts += [_test_block(t, plan) for t in d.tests]
+    parts.append("### Jobs and CPU-hours against a fixed design at the cap\n\n" + _cost(d.spending))
+    parts += [f"- {p}" for p in d.problems]
+    return "\n\n".join(p for p in parts if p)
+
+
+def _looks_run(d: Decisions) -> str:
+    if d.looks_run is None:
+        return ("No `results/decide/state.json`: the looks were not run by `linvit decide`; each test is read at "
+                "the looks its finished seeds allow.")
+    done = "; ".join(f"look {r.get('look')} ({r.get('seeds')} seeds, "
+                     + (f"{_added(r)} runs added in all" if r.get("added") else "the grid as configured")
+                     + f", finished {r.get('finished', 'n/a')})" for r in d.looks_run)
+    after = (f" Next: look {d.next_look.get('look')}, for {len(d.next_look.get('waiting') or [])} undecided tests."
+             if d.next_look else " The sequence is finished.")
+    return f"Looks run by `linvit decide` (results/decide/state.json): {done or 'none yet'}.{after}"
+
+
+def _added(record: dict) -> int:
+    return sum(len(a.get("seeds") or []) for a in record.get("added") or [])
+
+
+def _tally(tests: list[TestDecision]) -> str:
+    counts: dict[str, int] = {}
+    for t in tests:
+        counts[t.test.outcome] = counts.get(t.test.outcome, 0) + 1
+    if not tests:
+        return "No deciding test in the grid's linear cells."
+    return f"Deciding tests: {len(tests)} (" + ", ".join(f"{n} {o}" for o, n in counts.items()) + ")."
+
+
+def _test_block(d: TestDecision, plan: sequential.Plan) -> str:
+    t = d.test
+    stat = _STATISTICS[t.name]
+    threshold = "" if math.isnan(t.threshold) else f" {t.side} {number(t.name, t.threshold)}"
+    head = f"**{d.claim} · `{d.cell}` · {t.name}** ({stat.label}): `{stat.formula()}`{threshold}."
+    if d.reason in (UNEVALUABLE, WAITS):
+        return f"{head} {t.outcome}: {t.note}."
+    last = t.looks[-1]
+    at = f"look {last['look']} ({last['seeds']} seeds"
+    words = {
+        HOLD: f"**holds**: crossed the hold boundary at {at}: T = {last['statistic']:.2f} ≥ {last['hold_bound']:.2f})",
+        FAIL: f"**fails**: crossed the fail boundary at {at}: T = {last['statistic']:.2f} ≤ "
+              f"{_t(-last['fail_bound'])})",
+        FUTILITY: f"**{t.outcome}**: stopped for futility at {at}: conditional power at the cap {last['power']:.2f} "
+                  f"< {plan.futility:g})",
+        CAP: f"**{t.outcome}**: reached the cap at {at}) without crossing a boundary",
+        CONTINUES: f"**{t.outcome}**: undecided at {at}); the next look adds seeds (to {d.next_seeds})",
+        CLAIM_DONE: f"**not stopped**: undecided at {at}), and no later look adds seeds for it (its claim in this "
+                    f"cell: {d.claim_outcome})",
+    }[d.reason]
+    early = " (before the cap: its estimate is biased away from the threshold)" \
+        if d.reason in (HOLD, FAIL) and last["look"] < len(plan.looks) else ""
+    rows = ["| look | seeds | estimate | repeated interval | T | hold if T ≥ | fail if T ≤ | information fraction | "
+            "conditional power | outcome |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for x in t.looks:
+        power = "—" if x["power"] is None or math.isnan(x["power"]) else f"{x['power']:.2f}"
+        note = f" ({x['note']})" if x.get("note") else ""
+        rows.append(f"| {x['look']} | {x['seeds']} | {number(t.name, x['estimate'])} | [{number(t.name, x['low'])}, "
+                    f"{number(t.name, x['high'])}] | {_t(x['statistic'])} | {_t(x['hold_bound'])} | "
+                    f"{_t(-x['fail_bound'])} | {x['fraction']:.3f} | {power} | {x['outcome']}{note} |")
+    return (f"{head} {words}{early}. Seeds used: {_seeds(d.seeds)}; repeated intervals at {100 * t.level:.2f}%."
+            "\n\n" + "\n".join(rows))
+
+
+def _t(x: float) -> str:
+    return ("+inf" if x > 0 else "-inf") if math.isinf(x) else f"{x:.2f}"
+
+
+def _seeds(seeds: tuple[int, ...]) -> str:
+    """'0-9' for consecutive seeds, else '0-4, 7, 9'."""
+    runs: list[list[int]] = []
+    for s in sorted(seeds):
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "none"
+
+
+def _hours(seconds: float) -> str:
+    """CPU-hours: two decimals from an hour on, three significant digits below (a small grid's minutes)."""
+    if seconds is None or math.isnan(seconds):
+        return "n/a"
+    hours = seconds / 3600
+    return f"{hours:,.2f}" if hours >= 1 else f"{hours:.3g}"
+
+
+def _cost(s: Spending) -> str:
+    table = ["| job kind | jobs so far | benchmarked | CPU-hours so far | CPU-hours per job | jobs fixed at the cap | "
+             "CPU-hours fixed at the cap (est.) |", "|---|---|---|---|---|---|---|"]
+    for k in s.kinds:
+        table.append(f"| {k.kind} | {k.jobs} | {k.benchmarked} | {_hours(k.cpu_spent_s)} | {_hours(k.cpu_mean_s)} | "
+                     f"{k.fixed_jobs} | {_hours(k.cpu_fixed_s)} |")
+    table.append(f"| total | {s.jobs} | {s.benchmarked} | {_hours(s.cpu_s)} | | {s.fixed_jobs} | "
+                 f"{_hours(s.cpu_fixed_s)} |")
+    jobs_saving = _saving(s.jobs, s.fixed_jobs)
+    if s.benchmarked == 0:
+        cpu = ("No benchmark files under results/benchmarks/ (the runs were not made by Snakemake, or not yet): no "
+               "CPU-hours to compare.")
+    else:
+        cpu = (f"CPU-hours: {_hours(s.cpu_s)} so far against {_hours(s.cpu_fixed_s)} for the fixed design, a saving of "
+               f"{_saving(s.cpu_s, s.cpu_fixed_s)}.")
+    gpu = ("GPU-hours: not recorded (the benchmark files have no GPU column; Snakemake's record none)."
+           if s.gpu_s is None else
+           f"GPU-hours: {_hours(s.gpu_s)} so far against {_hours(s.gpu_fixed_s)} for the fixed design "
+           f"(`{GPU_COLUMN}` of the benchmark files), a saving of {_saving(s.gpu_s, s.gpu_fixed_s)}.")
+    return (f"The jobs of the looks so far (the grid with its added seeds) against a fixed design at the cap: every "
+            f"role of every cell with {s.cap_seeds} seeds from the start (`linvit.grid.jobs` of the config with "
+            f"`seeds` at the cap's and no added seeds). Training jobs only (teacher, distill, student, reference: the "
+            f"ones with a Snakemake benchmark file); CPU time is the benchmark files' `cpu_time` (a lower bound, as in "
+            f"Cost), a job without a file counted at its kind's measured mean; the fixed design's CPU is each kind's "
+            f"measured mean per job times its jobs at the cap.\n\n" + "\n".join(table)
+            + f"\n\nJobs: {s.jobs} so far against {s.fixed_jobs} for the fixed design, a saving of {jobs_saving}. "
+            + cpu + " " + gpu)
+
+
+def _saving(spent: float, fixed: float) -> str:
+    if fixed is None or math.isnan(fixed) or fixed <= 0 or math.isnan(spent):
+        return "n/a"
+    return f"{100 * (1 - spent / fixed):.0f}%"

@@ -5,6 +5,9 @@
 #   bash setup.sh test    set up, then run the test suite
 #   bash setup.sh mini_paper   set up, make the mini paper grid's inputs (JPEG folders, a teacher
 #                         file), then run workflow/config/mini_paper.yaml end to end
+#   bash setup.sh decide  set up, then run the default grid with its sequential plan (linvit decide: seeds
+#                         added look by look only where a claim is undecided; workflow/config/decide.yaml);
+#                         other arguments go to Snakemake (--configfile FILES replaces the two default files)
 #   bash setup.sh         set up only
 # Needs Python 3.11 and, for Fashion-MNIST, Debian's dataset-fashion-mnist (installed here when
 # running as root; otherwise give datasets.fashion_mnist.path in the config).
@@ -46,9 +49,10 @@ case "${1:-setup}" in
   setup) echo "setup: done; activate with 'source $VENV/bin/activate'" ;;
   run)   shift; snakemake --cores "${CORES:-all}" "$@" && echo "setup: report in report/README.md" ;;
   test)  shift; python -m pytest -q "$@" ;;
+  decide) shift; linvit decide --cores "${CORES:-all}" "$@" && echo "setup: report in report/README.md" ;;
   mini_paper)
          shift; linvit mini-paper-inputs --config workflow/config/mini_paper.yaml
          snakemake --cores "${CORES:-all}" --configfile workflow/config/mini_paper.yaml "$@" \
            && echo "setup: report in report/README.md" ;;
-  *)     echo "usage: bash setup.sh [setup|run|test|mini_paper]" >&2; exit 2 ;;
+  *)     echo "usage: bash setup.sh [setup|run|decide|test|mini_paper]" >&2; exit 2 ;;
 esac

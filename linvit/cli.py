@@ -156,12 +156,22 @@ def cmd_status(args):
     from pathlib import Path
 
     from .config import load_config, validate
+    from .decide import current_config, status_lines
     from .status import collect, render
 
     config = validate(load_config(args.config))
     if not Path(args.directory).is_dir():
         raise ValueError(f"--directory {args.directory}: no such folder (the project folder Snakemake runs in)")
-    print(render(collect(config, args.directory), args.config, every=args.every), end="")
+    # A sequential run (linvit decide): its current look's jobs, and where the looks stand.
+    text = render(collect(current_config(config, args.directory), args.directory), args.config, every=args.every)
+    lines = status_lines(config, args.directory)
+    print(text + "".join(f"\n{line}" for line in lines) + ("\n" if lines else ""), end="")
+
+
+def cmd_decide(args):
+    from .decide import main
+
+    main(args.snakemake)
 
 
 def cmd_mini_paper_inputs(args):
@@ -286,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--all", dest="every", action="store_true",
                         help="list every job of each rule (default: those running, interrupted, failed or blocked)")
     status.set_defaults(fn=cmd_status, config_json=None)
+    decide = sub.add_parser("decide", help="run a grid with a sequential plan look by look, adding seeds only where "
+                                           "a claim's test is undecided (every other argument goes to snakemake)")
+    decide.set_defaults(fn=cmd_decide, snakemake=[])
     mini = sub.add_parser("mini-paper-inputs", help="make mini_paper.yaml's JPEG ImageFolders and teacher file "
                                                     "from data available offline")
     mini.add_argument("--config", default="workflow/config/mini_paper.yaml")
@@ -365,7 +378,12 @@ def _one_line_error(err: BaseException) -> bool:
 
 
 def _run(argv) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "fn", None) is cmd_decide:
+        args.snakemake = extra  # Snakemake's own arguments, passed through
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if hasattr(args, "threads"):
             _threads(args)

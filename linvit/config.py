@@ -87,7 +87,7 @@ def _known(kind: str, key: str, names, known) -> None:
     if unknown:
         plural = kind + ("es" if kind.endswith(("s", "x", "sh", "ch")) else "s")  # losses, not losss
         raise ConfigError(f"config key {key}: unknown {kind} {', '.join(map(repr, unknown))}; "
-                          f"known {plural}: {', '.join(sorted(known))}")
+                          f"known {plural}: {', '.join(map(str, sorted(known)))}")
 
 
 # Keys of every dataset entry (the schema checks them), beside its source's own options.
@@ -171,6 +171,7 @@ def check_names(config: dict) -> None:
     # `softmax` among them is the control: softmax students initialized by the same strategies as the
     # linear ones (init strategies' names; never the reference, whose init is REFERENCE_INIT).
     _known("variant", "variants", config["variants"], names("variant"))
+    _check_sequential(config)
     teachers = config.get("teachers", {})
     _known("size", "sizes", config["sizes"], {*SIZES, *teachers})
     for size in config["sizes"]:
@@ -227,6 +228,46 @@ def check_names(config: dict) -> None:
                               f"given (list designs of distill_designs in `distills`, or set distill.loss)")
 
 
+def all_seeds(config: dict) -> list[int]:
+    """The configured seeds, then those a sequential look added (`added_seeds`, linvit decide)."""
+    added = [int(seed) for a in config.get("added_seeds") or [] for seed in a["seeds"]]
+    return list(dict.fromkeys([*map(int, config["seeds"]), *sorted(added)]))
+
+
+def seed_sequence(config: dict, n: int) -> list[int]:
+    """The first n seeds of a sequential design: the configured ones in order, then the next unused
+    integers (look k's seeds are the first looks[k] of these)."""
+    seeds = [int(s) for s in config["seeds"]][:n]
+    nxt = max(seeds, default=-1) + 1
+    while len(seeds) < n:
+        seeds.append(nxt)
+        nxt += 1
+    return seeds
+
+
+def _check_sequential(config: dict) -> None:
+    """The plan (linvit.report.sequential.Plan) and the runs a look added: each names a cell of the grid."""
+    if "sequential" in config:
+        from .report.sequential import Plan  # scipy: only for a grid that has a plan
+        try:
+            Plan.from_config(config)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    for i, a in enumerate(config.get("added_seeds") or []):
+        key = f"added_seeds[{i}]"
+        if a["init"] != REFERENCE_INIT:
+            _known("init strategy", f"{key}.init", [a["init"]], config["inits"])
+        for field, names in (("dataset", config["targets"]), ("size", config["sizes"]),
+                             ("variant", config["variants"]), ("budget", budgets(config))):
+            _known(field, f"{key}.{field}", [a[field]], names)
+        if a["design"] not in [NO_DESIGN, *design_specs(config)]:
+            raise ConfigError(f"config key {key}.design: unknown design {a['design']!r}")
+        again = sorted(set(map(int, a["seeds"])) & set(map(int, config["seeds"])))
+        if again:
+            raise ConfigError(f"config key {key}.seeds: seeds {', '.join(map(str, again))} are configured seeds "
+                              f"already; a look adds only new ones")
+
+
 def _check_terms(terms: list, key: str, losses) -> None:
     """The loss names of a list of loss terms (their structure is the schema's)."""
     for i, term in enumerate(terms):
@@ -274,7 +315,7 @@ def _check_replicates(config: dict, size: str) -> None:
     entry = pretrained(config, size)
     if not entry or "replicates" not in entry:
         return
-    for seed in config["seeds"]:
+    for seed in all_seeds(config):
         checkpoint(config, size, seed)
     seen = {}
     for i in range(len(entry["replicates"])):

@@ -161,7 +161,15 @@ def teacher_rule(config: dict, size: str) -> str:
 def teacher_keys(config: dict) -> list[str]:
     """Every teacher the grid uses, as teacher_key: one per size and teacher seed, in seed order."""
     return list(dict.fromkeys(teacher_key(size, teacher_seed(config, size, seed))
-                              for size in config["sizes"] for seed in config["seeds"]))
+                              for size, seed in _size_seeds(config)))
+
+
+def _size_seeds(config: dict) -> list[tuple[str, int]]:
+    """Every (size, seed) some cell trains: the configured seeds of every size, then the seeds a sequential
+    look added (`added_seeds`), in seed order."""
+    pairs = [(size, int(seed)) for size in config["sizes"] for seed in config["seeds"]]
+    pairs += [(a["size"], int(seed)) for a in config.get("added_seeds") or [] for seed in a["seeds"]]
+    return sorted(dict.fromkeys(pairs), key=lambda p: (config["sizes"].index(p[0]), p[1]))
 
 
 def distill_dir(dataset: str, size: str, variant: str, init: str, design: str, seed,
@@ -193,7 +201,7 @@ def operator_benchmark_path(results: str | Path = RESULTS) -> str:
 # exactly these as its outputs. Names under report/, then under results/.
 REPORT_FILES = ("README.md", "summary.csv", "summary.md", "claims.json", "index.html")
 REPORT_FIGURES = ("accuracy_by_init", "training_curves", "accuracy_by_budget", "fidelity_by_block", "attention_maps",
-                  "gap_closed_heatmap", "cost_to_accuracy", "accuracy_vs_throughput")
+                  "gap_closed_heatmap", "cost_to_accuracy", "accuracy_vs_throughput", "claim_tests")
 BENCHMARK_FIGURES = ("attention_scaling",)  # only when the operator benchmark's CSV exists
 FIGURE_FORMATS = ("png", "svg")
 RESULTS_TABLES = ("runs.csv", "curves.csv")
@@ -223,18 +231,27 @@ def student_cells(config: dict) -> list[Cell]:
     """Every (target dataset, size, variant, init strategy, design, budget, seed) the config asks for:
     a distilling init strategy once per design it takes (linvit.config.designs). A softmax variant
     gives the control students (their init a strategy's, never 'reference'), by `inits_of`."""
-    return [Cell(d, s, v, i, int(seed), design, int(b))
-            for d in config["targets"] for s in config["sizes"] for v in config["variants"]
-            for i in inits_of(config, v) for design in designs(config, i) for b in budgets(config)
-            for seed in config["seeds"]]
+    cells = [Cell(d, s, v, i, int(seed), design, int(b))
+             for d in config["targets"] for s in config["sizes"] for v in config["variants"]
+             for i in inits_of(config, v) for design in designs(config, i) for b in budgets(config)
+             for seed in config["seeds"]]
+    return cells + [c for c in added_cells(config) if not c.is_reference]
+
+
+def added_cells(config: dict) -> list[Cell]:
+    """The runs a sequential look added (`added_seeds`, written by linvit decide): seeds beyond the
+    configured ones, for the roles an undecided test still needs (students, and 'reference' runs)."""
+    return [Cell(a["dataset"], a["size"], a["variant"], a["init"], int(seed), a["design"], int(a["budget"]))
+            for a in config.get("added_seeds") or [] for seed in a["seeds"]]
 
 
 def reference_cells(config: dict) -> list[Cell]:
     """The softmax reference per (target, size, budget, seed): the teacher trained on the target with
     the students' budget."""
-    return [Cell(d, s, REFERENCE_VARIANT, REFERENCE_INIT, int(seed), NO_DESIGN, int(b))
-            for d in config["targets"] for s in config["sizes"] for b in budgets(config)
-            for seed in config["seeds"]]
+    cells = [Cell(d, s, REFERENCE_VARIANT, REFERENCE_INIT, int(seed), NO_DESIGN, int(b))
+             for d in config["targets"] for s in config["sizes"] for b in budgets(config)
+             for seed in config["seeds"]]
+    return cells + [c for c in added_cells(config) if c.is_reference]
 
 
 def distill_cells(config: dict) -> list[Cell]:
@@ -279,16 +296,15 @@ def jobs(config: dict, results: str | Path = RESULTS, report: str | Path = REPOR
     shards = {d: Job("shards", d, (shards_dir(d, results),), log_path("shards", d, results)) for d in datasets}
     out = list(shards.values())
     teachers = {}
-    for size in config["sizes"]:
-        for seed in config["seeds"]:
-            t = teacher_seed(config, size, seed)
-            key = teacher_key(size, t)
-            if key not in teachers:
-                loaded = size not in trained  # a pretrained checkpoint: no training files, no shards read
-                teachers[key] = Job(teacher_rule(config, size), key,
-                                    _files(teacher_dir(size, t, results), PRETRAINED_FILES if loaded else MODEL_FILES),
-                                    log_path("teacher", key, results), benchmark_path("teacher", key, results),
-                                    () if loaded else (shards[teacher_data[0]].name,))
+    for size, seed in _size_seeds(config):
+        t = teacher_seed(config, size, seed)
+        key = teacher_key(size, t)
+        if key not in teachers:
+            loaded = size not in trained  # a pretrained checkpoint: no training files, no shards read
+            teachers[key] = Job(teacher_rule(config, size), key,
+                                _files(teacher_dir(size, t, results), PRETRAINED_FILES if loaded else MODEL_FILES),
+                                log_path("teacher", key, results), benchmark_path("teacher", key, results),
+                                () if loaded else (shards[teacher_data[0]].name,))
     out += teachers.values()
 
     def inputs(cell: Cell) -> tuple[str, ...]:  # shards and the teacher every cell's jobs read

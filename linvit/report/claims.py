@@ -35,9 +35,10 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from linvit.config import CHECKPOINT, CHECKPOINTS, NO_DESIGN, ONE_TEACHER, budgets, pretrained, teacher_design
+from linvit.config import (CHECKPOINT, CHECKPOINTS, NO_DESIGN, ONE_TEACHER, budgets, pretrained, seed_sequence,
+                           teacher_design)
 from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT, inits_of
-from linvit.report import stats
+from linvit.report import sequential, stats
 from linvit.report.roles import (ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_MLP_DISTILL, MLP_ONLY, RANDOM,
                                  ROLES, RoleMatch, resolve_roles)
 from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
@@ -188,6 +189,11 @@ class TestOutcome:
     seeds: int = 0
     images: int = 0
     note: str = ""
+    # Under a sequential plan (`sequential:`): the look the test stopped at (0 while it continues) and each
+    # look's numbers (linvit.report.sequential.Look.as_dict); low and high are the last look's repeated
+    # interval, at `level` = 1 - alpha - the fail side's alpha.
+    stopped: int = 0
+    looks: list = field(default_factory=list)
 
 
 @dataclass
@@ -261,6 +267,7 @@ def evaluate_claims(runs: pd.DataFrame, config: dict, predictions: dict | None =
     from linvit.report.aggregate import load_predictions  # aggregate is the reader of result files
 
     thresholds, settings = Thresholds.from_config(config), stats.Settings.from_config(config)
+    design = Design.from_config(config)
     if predictions is None:
         predictions = load_predictions(runs)
     ok = runs[runs["status"] == "ok"]
@@ -268,15 +275,15 @@ def evaluate_claims(runs: pd.DataFrame, config: dict, predictions: dict | None =
     verdicts = []
     for claim in CLAIMS:
         absent = [matches[r].absent() for r in claim.roles if r != REFERENCE and matches[r].strategy is None]
-        cells = [_judge(claim, _Cell(cell, matches, ok, predictions, inits_of(config, cell[2])), thresholds, settings)
-                 for cell in claim_cells(config)]
+        cells = [_judge(claim, _Cell(cell, matches, ok, predictions, inits_of(config, cell[2]), design),
+                        thresholds, settings) for cell in claim_cells(config)]
         verdict = _overall(claim.name, claim.statement, [c for c in cells if not c.control], absent)
         verdict.controls = [c for c in cells if c.control]
         verdict.roles = {r: matches[r].strategy for t in claim.tests for r in t.statistic.roles if r != REFERENCE}
         verdict.designs = {r: matches[r].design for r in verdict.roles if ROLES[r].distill}
         _per_budget(verdict, absent, config)
         verdicts.append(verdict)
-    verdicts.append(_c4(verdicts, config, settings))
+    verdicts.append(_c4(verdicts, config, settings, design))
     for verdict in verdicts:
         verdict.intervals = intervals_over(config)
     return verdicts
@@ -322,14 +329,17 @@ def intervals_over(config: dict, size: str | None = None) -> str:
     each with its own teacher, and the test images' (PER_SEED), '..., conditional on one teacher (seed 0)'
     (ONE_TEACHER), '..., for this checkpoint (deit_tiny_patch16_224)' (CHECKPOINT), 'over 5 seeds, each with
     its own checkpoint of deit_tiny_patch16_224 (teachers.deit.replicates), ...' (CHECKPOINTS). For the whole grid
-    (size None): one phrase when every size has the same, else one per size ('tiny: ...; small: ...')."""
+    (size None): one phrase when every size has the same, else one per size ('tiny: ...; small: ...'). Under a
+    sequential plan 'over the seeds of each look (5 to 30, a sequential plan), ...'."""
     if size is None:
         phrases = {s: intervals_over(config, s) for s in config["sizes"]}
         if len(set(phrases.values())) <= 1:
             return next(iter(phrases.values()), "")
         return "; ".join(f"{s}: {phrase}" for s, phrase in phrases.items())
-    n = len(config["seeds"])
-    seeds = f"{n} seed{'s' if n != 1 else ''}"
+    n, looks = len(config["seeds"]), (config.get("sequential") or {}).get("looks")
+    # Under a sequential plan each look reads its own number of seeds (linvit.report.sequential).
+    seeds = (f"the seeds of each look ({looks[0]} to {looks[-1]}, a sequential plan)" if looks
+             else f"{n} seed{'s' if n != 1 else ''}")
     design = teacher_design(config, size)
     if design == CHECKPOINT:
         entry = pretrained(config, size)
@@ -347,9 +357,10 @@ class _Cell:
     """The finished runs of one cell, looked up by role (the reference by REFERENCE)."""
 
     def __init__(self, cell: tuple[str, str, str, int], matches: dict[str, RoleMatch], ok: pd.DataFrame,
-                 predictions: dict, inits: list[str]):
+                 predictions: dict, inits: list[str], design: Design | None = None):
         self.dataset, self.size, self.variant, self.budget = cell
         self.matches, self.predictions, self.inits = matches, predictions, inits
+        self.design = design  # a sequential plan and its looks' seeds (None: the fixed design)
         self.ok = ok[(ok["dataset"] == self.dataset) & (ok["size"] == self.size) & (ok["budget"] == self.budget)]
 
     def key(self, role: str) -> tuple[str, str] | None:
@@ -390,7 +401,12 @@ def _judge(claim: Claim, cell: _Cell, thresholds: Thresholds, settings: stats.Se
     judged = [t for t in deciding if t.outcome != NOT_EVALUABLE]
     # One evaluable test failing at alpha / k fails the claim whatever the others would say; holding needs
     # them all, so short of a failure a test that could not be evaluated leaves the cell not evaluable.
-    outcome = stats.combine(judged, settings, k)  # reads each test's outcome and p_fails
+    if cell.design is not None:  # each test decided at its own looks; the claim fails when one failed
+        outcomes = [t.outcome for t in judged]
+        outcome = (FAILS if FAILS in outcomes else TOO_FEW if TOO_FEW in outcomes
+                   else sequential.combine(judged) if judged else NOT_EVALUABLE)
+    else:
+        outcome = stats.combine(judged, settings, k)  # reads each test's outcome and p_fails
     blocked = [t for t in deciding if t.outcome == NOT_EVALUABLE]
     if blocked and outcome != FAILS:
         verdict.why = "; ".join(dict.fromkeys(t.note for t in blocked))  # each reason once
@@ -415,6 +431,9 @@ def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.S
         return out
     numerator, denominator = dict(s.numerator), dict(s.denominator) if s.denominator else None
     out.seeds, out.images = len(sample.seeds), sample.images
+    if cell.design is not None and test.decides and test.threshold is not None:
+        out.threshold = thresholds.value(test.threshold)
+        return _sequential_test(out, test, sample, cell.design, settings, k)
     if test.threshold is None:
         e = stats.estimate(sample, numerator, denominator, settings)
         out.outcome = ""
@@ -431,11 +450,16 @@ def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.S
 
 
 OUTCOME_ORDER = (HOLDS, FAILS, INCONCLUSIVE, TOO_FEW, NOT_EVALUABLE)
+SEQUENTIAL_OUTCOMES = (sequential.CONTINUES, sequential.FUTILE)  # a sequential design's undecided cells
 
 
 def _counts(cells: list[CellVerdict]) -> dict[str, int]:
-    """Cells per outcome (and per NOT_TESTED, for C4's cells on a grid that varies nothing)."""
+    """Cells per outcome (and per NOT_TESTED, for C4's cells on a grid that varies nothing, and per
+    sequential outcome where a cell has one)."""
     counts = {o: sum(c.outcome == o for c in cells) for o in OUTCOME_ORDER}
+    for o in SEQUENTIAL_OUTCOMES:
+        if any(c.outcome == o for c in cells):
+            counts[o] = sum(c.outcome == o for c in cells)
     untested = sum(c.outcome == NOT_TESTED for c in cells)
     return {**counts, NOT_TESTED: untested} if untested else counts
 
@@ -448,8 +472,8 @@ def outcome_word(counts: dict[str, int]) -> str:
     if n == 0:
         return NOT_EVALUABLE
     for outcome, word in ((HOLDS, "supported"), (FAILS, "not supported"), (TOO_FEW, TOO_FEW),
-                          (INCONCLUSIVE, INCONCLUSIVE)):
-        if judged[outcome] == n:
+                          (INCONCLUSIVE, INCONCLUSIVE), *((o, o) for o in SEQUENTIAL_OUTCOMES)):
+        if judged.get(outcome, 0) == n:
             return word
     return "mixed (" + ", ".join(f"{k} {o}" for o, k in judged.items() if k) + ")"
 
@@ -484,7 +508,8 @@ def _per_budget(verdict: ClaimVerdict, absent: list[str], config: dict, fixed: s
         verdict.verdict += "; " + ", ".join(f"at {b['budget']} steps {w}" for b, w in zip(verdict.by_budget, words))
 
 
-def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings) -> ClaimVerdict:
+def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings,
+        design: Design | None = None) -> ClaimVerdict:
     """C1-C3 together per linear cell and budget. Holds in a cell when all three hold there (an
     intersection-union rule: "holds everywhere" needs no correction, each test at alpha); fails when one
     of them fails after Holm's correction across every (claim, cell, budget) of the grid, one family, so
@@ -495,11 +520,22 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings) ->
     otherwise."""
     rows = [parts for budget in budgets(config)
             for parts in zip(*([c for c in v.cells if c.budget == budget] for v in verdicts))]
-    p_values = [p.p_fails if p.outcome in (FAILS, INCONCLUSIVE, HOLDS) else math.nan for parts in rows for p in parts]
-    rejected = iter(stats.holm(p_values, settings.alpha))
+    if design is None:
+        p_values = [p.p_fails if p.outcome in (FAILS, INCONCLUSIVE, HOLDS) else math.nan
+                    for parts in rows for p in parts]
+        rejected = iter(stats.holm(p_values, settings.alpha))
+        failures = [[p.claim for p in parts if next(rejected)] for parts in rows]
+    else:
+        # Under a sequential plan, Bonferroni over the same family: a claim fails in C4 when one of its tests
+        # crossed a fail side spending alpha / (k m) on its own looks (Holm needs p-values that a non-binding
+        # stop does not give; linvit.report.sequential).
+        m = sum(len(parts) for parts in rows)
+        k = {c.name: len(c.deciding) for c in CLAIMS}
+        failures = [[p.claim for p in parts
+                     if any(sequential.fails_at(t.looks, settings.alpha / (k[p.claim] * m), design.plan)
+                            for t in p.tests if t.decides and t.looks)] for parts in rows]
     cells = []
-    for parts in rows:
-        failed = [p.claim for p in parts if next(rejected)]
+    for parts, failed in zip(rows, failures):
         first = parts[0]
         cell = CellVerdict("C4", first.dataset, first.size, first.variant, first.budget, INCONCLUSIVE,
                            parts={p.claim: p.outcome for p in parts})
@@ -513,6 +549,10 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings) ->
                 + " not evaluable"
         elif TOO_FEW in outcomes:
             cell.outcome = TOO_FEW
+        elif sequential.CONTINUES in outcomes:  # a sequential claim that may still decide
+            cell.outcome = sequential.CONTINUES
+        elif sequential.FUTILE in outcomes:
+            cell.outcome = sequential.FUTILE
         cells.append(cell)
     result = _overall("C4", C4_STATEMENT, cells, [])
     axes = {"datasets": ("dataset", config["targets"]), "sizes": ("size", config["sizes"]),
@@ -536,3 +576,43 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings) ->
         result.counts = _counts(cells)
     _per_budget(result, [], config, fixed)
     return result
+
+
+@dataclass(frozen=True)
+class Design:
+    """A sequential plan and the seeds of each of its looks (linvit.config.seed_sequence): look k reads the
+    first plan.looks[k] seeds of the design, so no look is re-read with seeds that came after it."""
+
+    plan: sequential.Plan
+    seeds: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def from_config(cls, config: dict) -> Design | None:
+        plan = sequential.Plan.from_config(config)
+        if plan is None:
+            return None
+        return cls(plan, tuple(tuple(seed_sequence(config, n)) for n in plan.looks))
+
+
+def _sequential_test(out: TestOutcome, test: Test, sample: stats.Sample, design: Design, settings: stats.Settings,
+                     k: int) -> TestOutcome:
+    """A deciding test read at its design's looks (linvit.report.sequential): the looks whose seeds have
+    all paired, the hold side at alpha, the fail side at alpha / k (k: its claim's deciding tests)."""
+    s = test.statistic
+    samples = []
+    for seeds in design.seeds:
+        part = sequential.look_sample(sample, seeds)
+        if part is None:
+            break
+        samples.append(part)
+    if not samples:
+        missing = sorted(set(design.seeds[0]) - set(sample.seeds))
+        out.outcome, out.note = TOO_FEW, f"look 1 waits for seeds {', '.join(map(str, missing))}"
+        return out
+    result = sequential.sequential_test(samples, dict(s.numerator), dict(s.denominator) if s.denominator else None,
+                                        out.threshold, test.side, design.plan, settings.alpha, settings.alpha / k)
+    last = result.last
+    out.outcome, out.stopped, out.looks = result.outcome, result.stopped, [look.as_dict() for look in result.looks]
+    out.estimate, out.low, out.high, out.level, out.note = last.estimate, last.low, last.high, result.level, last.note
+    out.seeds = last.seeds
+    return out

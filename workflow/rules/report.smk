@@ -5,7 +5,7 @@ import glob
 
 REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "control_inits", "seeds", "budgets", "distills",
                         "distill_designs", "distill.loss", "student.train.steps", "student.train.batch_size",
-                        "teacher", "teachers", "datasets", "init_strategies", "claims")
+                        "teacher", "teachers", "datasets", "init_strategies", "claims", "sequential", "added_seeds")
 
 
 # `linvit bench` (the harness's own benchmarks) writes results/bench/<machine>.csv; as with the operator
@@ -21,6 +21,7 @@ REPORT_CATEGORIES = {
     "training_curves": "Accuracy", "accuracy_by_budget": "Accuracy", "gap_closed_heatmap": "Claims",
     "cost_to_accuracy": "Cost", "accuracy_vs_throughput": "Cost", "fidelity_by_block": "Attention",
     "attention_maps": "Attention", "attention_scaling": "Attention", "harness_benchmarks.csv": "Harness benchmarks",
+    "claim_tests": "Claims",
 }
 REPORT_CAPTIONS = {"summary.md": "summary.csv"}  # the same table in Markdown
 

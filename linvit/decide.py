@@ -1,0 +1,351 @@
+"""`linvit decide`: run a grid with a sequential plan look by look, adding seeds only where a claim's test
+is still undecided.
+
+    linvit decide [SNAKEMAKE ARGS]        e.g. --cores 2, or --profile slurm; --configfile as Snakemake's
+
+Look 1 is the grid as configured. After each look the report rule has judged every deciding test at
+its looks (linvit.report.sequential, through linvit.report.claims); the driver records each test's
+decision (decided at look k, continuing, or stopped for futility) in results/decide/state.json, and the
+next look's seeds go only to the roles a continuing test of an undecided claim needs (the softmax
+reference too where that test reads it; with a teacher per seed, those seeds' teachers follow from the
+grid). Decided tests, the positive control and every other role keep the seeds they had; runs still
+pair by seed. The look's runs are Snakemake's `added_seeds` config (results/decide/look.yaml, written
+here, passed as a last --configfile), so Snakemake plans, runs and resumes them like any job.
+
+It resumes: killed at any point and rerun, it continues at the recorded look (Snakemake reruns nothing
+finished), and it checks that every recorded look reads the same from the results now, so a past look is
+never re-decided with data that came after it. A second driver on the same results folder is refused
+(an flock on results/decide/driver.lock, held by the driver and the Snakemake it runs), and so is a plan
+that changed after the first look (its fingerprint is recorded).
+
+Where it runs on a cluster: where Snakemake would, on the login node (or in a small head job that may run
+for days, e.g. `sbatch --wrap "linvit decide --profile slurm"`); it only waits for Snakemake, which
+submits the training jobs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from .config import ConfigError, NO_DESIGN, REFERENCE_INIT, load_config, seed_sequence, validate
+from .grid import REFERENCE_VARIANT, REPORT, RESULTS
+from .io import write_text
+
+DEFAULT_CONFIGS = ("workflow/config/default.yaml", "workflow/config/decide.yaml")
+DECIDE = "decide"  # results/decide/: the driver's state, the look's config and its lock
+STATE, LOOK, LOCK = "state.json", "look.yaml", "driver.lock"
+# A look's statistic must read the same when the driver reads it again (floating point of the same runs).
+SAME = 1e-9
+
+
+class DecideError(ValueError):
+    """A refusal or a broken run, in one line (linvit's CLI prints it without a traceback)."""
+
+
+def split_args(argv: list[str]) -> tuple[list[str], list[str], str]:
+    """(config files named by --configfile/--configfiles, every other argument for Snakemake, the folder
+    Snakemake runs in: its --directory, else here)."""
+    files, rest, i = [], [], 0
+    directory = "."
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("--directory", "-d") and i + 1 < len(argv):
+            directory = argv[i + 1]
+        elif arg.startswith("--directory="):
+            directory = arg.split("=", 1)[1]
+        if arg in ("--configfile", "--configfiles"):
+            i += 1
+            while i < len(argv) and not argv[i].startswith("-"):
+                files.append(argv[i])
+                i += 1
+            continue
+        if arg.startswith(("--configfile=", "--configfiles=")):
+            files.append(arg.split("=", 1)[1])
+        elif arg == "--config" or arg.startswith("--config="):
+            raise DecideError("--config overrides are not mirrored by the driver (it must read the plan Snakemake "
+                              "runs): put them in a config file and give it with --configfile")
+        else:
+            rest.append(arg)
+        i += 1
+    return files, rest, directory
+
+
+def merged_config(files: list[str]) -> dict:
+    """The config Snakemake builds from `files`: each laid over the previous one, mappings key by key."""
+    def merge(base, over):
+        for key, value in over.items():
+            if isinstance(value, dict) and isinstance(base.get(key), dict):
+                merge(base[key], value)
+            else:
+                base[key] = value
+        return base
+    config: dict = {}
+    for f in files:
+        if not Path(f).is_file():
+            raise DecideError(f"--configfile {f}: no such file")
+        merge(config, load_config(f))
+    try:
+        return validate(config)
+    except ConfigError as err:
+        raise DecideError(f"{' + '.join(files)}: {err}") from None
+
+
+class Driver:
+    """One sequential run over a results folder: its state, its lock, and the looks."""
+
+    def __init__(self, config: dict, files: list[str], results: str | Path = RESULTS, report: str | Path = REPORT):
+        from .report.claims import Design
+
+        self.config, self.files = config, files
+        self.design = Design.from_config(config)
+        if self.design is None:
+            raise DecideError(f"{' + '.join(files)}: no `sequential:` plan (looks, spending); linvit decide runs "
+                              f"a sequential grid (workflow/config/decide.yaml is the default grid's plan)")
+        self.plan = self.design.plan
+        self.folder = Path(results) / DECIDE
+        self.report = Path(report)
+        self.state_path, self.look_path = self.folder / STATE, self.folder / LOOK
+
+    # --- state ---------------------------------------------------------------------------------------------
+    def load_state(self) -> dict:
+        if not self.state_path.exists():
+            return {"plan": self.plan.as_dict(), "fingerprint": self.plan.fingerprint(), "looks": [],
+                    "next": {"look": 1, "added": []}}
+        try:
+            state = json.loads(self.state_path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise DecideError(f"{self.state_path}: unreadable ({err}); it records the looks so far: restore it, "
+                              f"or move it away to start the sequence again") from None
+        if state.get("fingerprint") != self.plan.fingerprint():
+            raise DecideError(f"{self.state_path}: the plan changed after look 1 (recorded {state.get('plan')}, "
+                              f"now {self.plan.as_dict()}); a sequential plan is fixed before the first look")
+        return state
+
+    def save_state(self, state: dict) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_text(self.state_path, json.dumps(state, indent=2, sort_keys=True) + "\n")
+
+    def write_look(self, added: list[dict]) -> None:
+        """The look's runs as Snakemake config (`added_seeds`), beside the state."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        text = ("# Written by linvit decide: the runs the looks after the first added (the roles an undecided test\n"
+                "# needs). Passed to Snakemake as the last --configfile; not for editing.\n"
+                + yaml.safe_dump({"added_seeds": added}, sort_keys=False))
+        write_text(self.look_path, text)
+
+    # --- one look ------------------------------------------------------------------------------------------
+    def decisions(self) -> dict[str, dict]:
+        """Every deciding test of a linear cell, as the report judged it: id -> outcome, the look it stopped at,
+        its looks, the roles it reads and its claim's outcome in the cell (report/claims.json)."""
+        from .report.claims import CLAIMS, REFERENCE
+        from .report.roles import resolve_roles
+
+        path = self.report / "claims.json"
+        try:
+            verdicts = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise DecideError(f"{path}: cannot read the look's verdicts ({err})") from None
+        tests = {t.statistic.name: t for c in CLAIMS for t in c.deciding}
+        matches = resolve_roles(self.config)
+        out = {}
+        for verdict in verdicts:
+            for cell in verdict["cells"]:  # the linear variants' cells: the control decides nothing
+                key = f"{cell['dataset']}/{cell['size']}/{cell['variant']}/steps{cell['budget']}"
+                for t in cell["tests"]:
+                    if not t["decides"] or t["name"] not in tests:
+                        continue
+                    roles = []
+                    for role in tests[t["name"]].statistic.roles:
+                        if role == REFERENCE:
+                            roles.append((REFERENCE_VARIANT, REFERENCE_INIT, NO_DESIGN))
+                        elif matches[role].key is not None:
+                            roles.append((cell["variant"], *matches[role].key))
+                    out[f"{verdict['claim']} {key} {t['name']}"] = {
+                        "claim": verdict["claim"], "claim_outcome": cell["outcome"], "outcome": t["outcome"],
+                        "stopped": t.get("stopped", 0), "looks": t.get("looks", []), "cell": cell, "roles": roles}
+        return out
+
+    def next_added(self, decisions: dict[str, dict], look: int, added: list[dict]) -> tuple[list[dict], list[str]]:
+        """The runs look `look` + 1 adds to `added`: the next seeds of every role a continuing test of a
+        continuing claim reads. Also the ids of the tests that wait for them."""
+        from .report.sequential import CONTINUES
+
+        new_seeds = seed_sequence(self.config, self.plan.looks[look])[self.plan.looks[look - 1]:]
+        runs: dict[tuple, list[int]] = {}
+        for a in added:
+            runs[(a["dataset"], a["size"], a["variant"], a["init"], a["design"], a["budget"])] = list(a["seeds"])
+        waiting = []
+        for test_id, d in decisions.items():
+            if d["outcome"] != CONTINUES or d["claim_outcome"] != CONTINUES:
+                continue
+            waiting.append(test_id)
+            cell = d["cell"]
+            for variant, init, design in d["roles"]:
+                key = (cell["dataset"], cell["size"], variant, init, design, int(cell["budget"]))
+                runs[key] = sorted(set(runs.get(key, [])) | set(new_seeds))
+        return ([{"dataset": k[0], "size": k[1], "variant": k[2], "init": k[3], "design": k[4], "budget": k[5],
+                  "seeds": seeds} for k, seeds in runs.items()], waiting)
+
+    def check_past(self, state: dict, decisions: dict[str, dict]) -> None:
+        """Every recorded look reads the same now: its runs were not replaced since it was decided."""
+        for record in state["looks"]:
+            k = record["look"]
+            for test_id, past in record["tests"].items():
+                now = decisions.get(test_id)
+                look = now and next((x for x in now["looks"] if x["look"] == k), None)
+                if look is None:
+                    raise DecideError(f"{self.state_path}: look {k} of {test_id} is recorded, but the results no "
+                                      f"longer give it; were runs of its seeds removed?")
+                if look["outcome"] != past["outcome"] or not same(look["statistic"], past["statistic"]):
+                    raise DecideError(f"{self.state_path}: look {k} of {test_id} was decided {past['outcome']} "
+                                      f"(T {past['statistic']:.6g}) and now reads {look['outcome']} "
+                                      f"(T {look['statistic']:.6g}): runs of its seeds changed after it was decided")
+
+    # --- the loop ------------------------------------------------------------------------------------------
+    def run(self, snakemake_args: list[str], say=print) -> dict:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        lock = open(self.folder / LOCK, "a+")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise DecideError(f"{self.folder / LOCK}: another linvit decide runs on this results folder "
+                              f"({holder}); wait for it or stop it") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        lock.flush()
+        state = self.load_state()
+        self.save_state(state)
+        while True:
+            if state["next"] is None:
+                say(f"decide: done after look {state['looks'][-1]['look']}; report in {self.report}/README.md")
+                return state
+            look, added = state["next"]["look"], state["next"]["added"]
+            n = self.plan.looks[look - 1]
+            jobs = sum(len(a["seeds"]) for a in added)
+            say(f"decide: look {look} of {len(self.plan.looks)} ({n} seeds"
+                + (f"; {jobs} added runs so far" if added else "; the grid as configured") + ")")
+            self.write_look(added)
+            cmd = ["snakemake", *snakemake_args, "--configfile", *self.files, str(self.look_path)]
+            code = subprocess.call(cmd, pass_fds=(lock.fileno(),))  # Snakemake holds the lock too while it runs
+            if code:
+                raise DecideError(f"look {look}: snakemake exited {code}; fix what it reports and rerun linvit decide "
+                                  f"(it resumes at look {look})")
+            decisions = self.decisions()
+            self.check_past(state, decisions)
+            record = {"look": look, "seeds": n, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "added": added,
+                      "tests": {}}
+            for test_id, d in decisions.items():
+                at = next((x for x in d["looks"] if x["look"] == look), None)
+                if at is not None:
+                    record["tests"][test_id] = {"outcome": at["outcome"], "statistic": at["statistic"],
+                                                "estimate": at["estimate"], "low": at["low"], "high": at["high"]}
+            state["looks"].append(record)
+            if look == len(self.plan.looks):
+                state["next"] = None
+            else:
+                more, waiting = self.next_added(decisions, look, added)
+                state["next"] = {"look": look + 1, "added": more, "waiting": waiting} if waiting else None
+            self.save_state(state)
+            for test_id, d in decisions.items():
+                say(f"decide: look {look}: {test_id}: {d['outcome']}"
+                    + (f" at look {d['stopped']}" if d["stopped"] else ""))
+
+
+def same(a: float, b: float) -> bool:
+    """Two readings of one statistic: within SAME, or the same infinity, or both NaN."""
+    return a == b or abs(a - b) <= SAME or (a != a and b != b)
+
+
+def main(argv: list[str]) -> None:
+    files, rest, directory = split_args(argv)
+    files = files or list(DEFAULT_CONFIGS)
+    # A killed look leaves jobs Snakemake marks incomplete: rerunning them is how the driver resumes (the
+    # training jobs continue from their checkpoints).
+    if "--rerun-incomplete" not in rest and "--ri" not in rest:
+        rest.append("--rerun-incomplete")
+    Driver(merged_config(files), files, Path(directory) / RESULTS, Path(directory) / REPORT).run(rest)
+
+
+
+
+def current_config(config: dict, root: str | Path = ".", results: str | Path = RESULTS) -> dict:
+    """`config` with the runs the sequential driver has added so far in `root` (its current look's), so that
+    `linvit status` lists the jobs Snakemake runs now. `config` itself where no driver ran."""
+    state = read_state(root, results)
+    if state is None:
+        return config
+    return {**config, "added_seeds": _added_now(state)}
+
+
+def read_state(root: str | Path = ".", results: str | Path = RESULTS) -> dict | None:
+    path = Path(root) / results / DECIDE / STATE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise DecideError(f"{path}: unreadable ({err})") from None
+
+
+def _added_now(state: dict) -> list[dict]:
+    if state.get("next"):
+        return state["next"]["added"]
+    return state["looks"][-1]["added"] if state["looks"] else []
+
+
+def status_lines(config: dict, root: str | Path = ".", results: str | Path = RESULTS) -> list[str]:
+    """What `linvit status` says of a sequential run: the look, the tests still waiting and the seeds they
+    wait for, the jobs the current look adds, and the jobs the next would add if they stay undecided."""
+    from .grid import jobs
+
+    state = read_state(root, results)
+    if state is None:
+        return []
+    plan = state["plan"]
+    looks = plan["looks"]
+    base = {k: v for k, v in config.items() if k != "added_seeds"}
+    lines = [f"Sequential plan: looks at {', '.join(map(str, looks))} seeds, {plan['spending']} spending, "
+             f"futility below {plan['futility']} conditional power from look {plan['futility_from']}"
+             if plan.get("futility") is not None else
+             f"Sequential plan: looks at {', '.join(map(str, looks))} seeds, {plan['spending']} spending, no futility"]
+    done = state["looks"]
+    if state.get("next") is None:
+        last = done[-1]
+        lines.append(f"Decided: the driver finished after look {last['look']} ({last['seeds']} seeds)")
+        return lines
+    look = state["next"]["look"]
+    before = len(jobs({**base, "added_seeds": done[-1]["added"] if done else []}))
+    now = len(jobs({**base, "added_seeds": state["next"]["added"]}))
+    lines.append(f"Look {look} of {len(looks)} ({looks[look - 1]} seeds): "
+                 + ("the grid as configured" if look == 1 else f"adds {now - before} jobs to look {look - 1}'s"))
+    waiting = state["next"].get("waiting", [])
+    if waiting:
+        these = seed_sequence(config, looks[look - 1])[looks[look - 2]:]
+        lines += [f"  {test_id}: waits for seeds {these[0]}-{these[-1]} of its roles" for test_id in waiting]
+    if look < len(looks) and (waiting or look == 1):
+        nxt = seed_sequence(config, looks[look])[looks[look - 1]:]
+        roles = {(a["dataset"], a["size"], a["variant"], a["init"], a["design"], a["budget"])
+                 for a in state["next"]["added"]}
+        if look == 1:
+            lines.append(f"  look 2 adds seeds {nxt[0]}-{nxt[-1]} to the roles of the tests still undecided after "
+                         f"look 1 (not known yet)")
+        else:
+            more = [{"dataset": k[0], "size": k[1], "variant": k[2], "init": k[3], "design": k[4], "budget": k[5],
+                     "seeds": sorted({*next(a["seeds"] for a in state["next"]["added"]
+                                           if (a["dataset"], a["size"], a["variant"], a["init"], a["design"],
+                                               a["budget"]) == k), *nxt})} for k in roles]
+            after = len(jobs({**base, "added_seeds": more}))
+            lines.append(f"  look {look + 1} would add {after - now} jobs (seeds {nxt[0]}-{nxt[-1]}) if they stay "
+                         f"undecided")
+    return lines

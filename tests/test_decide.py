@@ -1,0 +1,146 @@
+"""`bash setup.sh decide` end to end on a tiny sequential grid (two looks): look 2 trains only the roles of
+the tests still undecided after look 1 (and those seeds' teachers); killed during look 2 and rerun it
+resumes there and retrains nothing finished; `linvit status` shows the look and what waits for it; a
+second driver on the same results and a plan changed after look 1 are refused in one line."""
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from linvit.report.claims import CLAIMS
+from linvit.report.roles import resolve_roles
+
+from conftest import BIN, REPO, run
+
+pytestmark = pytest.mark.slow  # two looks of a grid (about 3 minutes on 2 cores)
+
+# C1's and C2's roles, no distilling strategy: C3 is not evaluable, so its role (the softmax reference)
+# must never get a look 2 seed. Two seeds at look 1, the cap at 3.
+TINY = {
+    "description": "a tiny sequential grid (tests/test_decide.py)",
+    "seeds": [0, 1], "sizes": ["micro"], "variants": ["elu"], "targets": ["synthetic"],
+    "inits": ["random", "copy_all", "copy_attn", "copy_mlp", "attn_only", "mlp_only"], "budgets": [4],
+    "datasets": {"synthetic": {"source": "synthetic", "num_classes": 4, "train_samples": 160, "test_samples": 96,
+                               "seed": 0}},
+    "shards": {"samples_per_shard": 100, "seed": 0},
+    "teacher": {"dataset": "synthetic", "train": {"steps": 10, "batch_size": 32, "lr": 2.0e-3, "warmup_steps": 2,
+                                                 "eval_every": 5, "eval_samples": 32}},
+    "student": {"train": {"steps": 4, "batch_size": 32, "lr": 1.0e-3, "warmup_steps": 1, "eval_every": 4,
+                          "eval_samples": 32}},
+    "distill": {"train": {"steps": 2, "batch_size": 32, "lr": 1.0e-3, "warmup_steps": 1}},
+    "init_strategies": {
+        "random": {"copy": [], "distill": False},
+        "copy_all": {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": False},
+        "copy_attn": {"copy": ["embed", "attn", "norm", "head"], "distill": False},
+        "copy_mlp": {"copy": ["embed", "mlp", "norm", "head"], "distill": False},
+        "attn_only": {"copy": ["attn"], "distill": False},
+        "mlp_only": {"copy": ["mlp"], "distill": False}},
+    "evaluation": {"fidelity_samples": 8, "throughput_batch": 8},
+    "claims": {"min_seeds": 2},
+    "sequential": {"looks": [2, 3]},
+    "resources": {"teacher": {"threads": 1}},
+}
+
+
+def decide(tmp, *extra, check=True):
+    """`bash setup.sh decide` on the tiny grid in `tmp` (its own results/ and report/)."""
+    return run(["bash", "setup.sh", "decide", "--cores", "2", "--directory", str(tmp),
+                "--configfile", str(tmp / "tiny.yaml"), *extra], cwd=REPO, check=check)
+
+
+def state(tmp):
+    return json.loads((tmp / "results/decide/state.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """Look 1 to the end, then look 2 killed once while it trains, its status read, then the rerun."""
+    tmp = tmp_path_factory.mktemp("decide")
+    (tmp / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "CORES": "2"}
+    cmd = ["linvit", "decide", "--cores", "2", "--directory", str(tmp), "--configfile", str(tmp / "tiny.yaml")]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    deadline = time.time() + 600
+    killed = False
+    while proc.poll() is None and time.time() < deadline:
+        path = tmp / "results/decide/state.json"
+        if path.exists() and state(tmp)["looks"] and list((tmp / "results/logs/student").rglob("seed2.log")):
+            os.killpg(proc.pid, signal.SIGTERM)  # as a terminal's Ctrl-C or a scheduler's kill would
+            killed = True
+            break
+        time.sleep(0.5)
+    out = proc.communicate(timeout=120)[0]
+    assert killed, f"look 2 never started:\n{out[-3000:]}"
+    after_kill = state(tmp)
+    status = run(["linvit", "status", "--config", str(tmp / "tiny.yaml"), "--directory", str(tmp)], cwd=REPO).stdout
+    look1 = {p: p.stat().st_mtime_ns for p in (tmp / "results/students").rglob("seed[01]/metrics.json")}
+    rerun = decide(tmp)
+    return tmp, after_kill, status, look1, rerun
+
+
+def test_look_two_trains_only_what_undecided_tests_need(ran):
+    tmp, _, _, _, _ = ran
+    final = state(tmp)
+    assert [look["look"] for look in final["looks"]] == [1, 2] and final["next"] is None
+    continuing = [t for t, d in final["looks"][0]["tests"].items() if d["outcome"] == "continues"]
+    assert continuing, "no test continued after look 1: the tiny grid tests nothing"
+    matches = resolve_roles(TINY)
+    statistics = {t.statistic.name: t.statistic for c in CLAIMS for t in c.deciding}
+    needed = {matches[role].strategy for t in continuing for role in statistics[t.split()[-1]].roles}
+    added = {a["init"] for a in final["looks"][1]["added"]}
+    assert added == needed
+    assert all(a["seeds"] == [2] for a in final["looks"][1]["added"])
+    trained = {p.parent.parent.parent.parent.name for p in (tmp / "results/students").rglob("seed2/metrics.json")}
+    assert trained == needed
+    # The softmax reference is C3's role alone, and C3 is not evaluable here: it stays at look 1's seeds.
+    assert not list((tmp / "results/students").glob("*/*/softmax/reference/*/*/seed2"))
+    assert (tmp / "results/teacher/micro/seed2/model.safetensors").exists()  # the added seed's own teacher
+
+
+def test_a_killed_look_resumes_and_retrains_nothing_finished(ran):
+    tmp, after_kill, _, look1, rerun = ran
+    assert [look["look"] for look in after_kill["looks"]] == [1] and after_kill["next"]["look"] == 2
+    assert "decide: look 2 of 2" in rerun.stdout and "decide: look 1 of 2" not in rerun.stdout
+    assert {p: p.stat().st_mtime_ns for p in look1} == look1
+    final = state(tmp)
+    assert final["looks"][0] == after_kill["looks"][0]  # look 1's record is never rewritten
+    claims = json.loads((tmp / "report/claims.json").read_text())
+    tests = [t for v in claims for c in v["cells"] for t in c["tests"] if t["decides"] and t.get("looks")]
+    assert tests and all(t["outcome"] != "continues" for t in tests if len(t["looks"]) == 2)
+
+
+def test_status_shows_the_look_and_what_waits_for_it(ran):
+    _, after_kill, status, _, _ = ran
+    assert "Sequential plan: looks at 2, 3 seeds" in status
+    assert "Look 2 of 2 (3 seeds): adds" in status
+    for test_id in after_kill["next"]["waiting"]:
+        assert f"{test_id}: waits for seeds 2-2 of its roles" in status
+    assert "interrupted" in status
+
+
+def test_a_second_driver_is_refused_in_one_line(ran):
+    tmp = ran[0]
+    with open(tmp / "results/decide/driver.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        out = decide(tmp, check=False)
+    assert out.returncode != 0
+    lines = [line for line in out.stderr.splitlines() if line.startswith("linvit: error")]
+    assert len(lines) == 1 and "another linvit decide runs on this results folder" in lines[0]
+
+
+def test_a_plan_changed_after_look_one_is_refused(ran):
+    tmp = ran[0]
+    before = (tmp / "results/decide/state.json").read_text()
+    changed = {**TINY, "sequential": {"looks": [2, 3], "futility": 0.2}}
+    (tmp / "changed.yaml").write_text(yaml.safe_dump(changed))
+    out = run(["linvit", "decide", "--cores", "2", "--directory", str(tmp), "--configfile", str(tmp / "changed.yaml")],
+              cwd=REPO, check=False)
+    assert out.returncode != 0 and "the plan changed after look 1" in out.stderr
+    assert (tmp / "results/decide/state.json").read_text() == before  # nothing recorded is lost

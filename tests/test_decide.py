@@ -65,19 +65,29 @@ def ran(tmp_path_factory):
     (tmp / "tiny.yaml").write_text(yaml.safe_dump(TINY))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "CORES": "2"}
     cmd = ["linvit", "decide", "--cores", "2", "--directory", str(tmp), "--configfile", str(tmp / "tiny.yaml")]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    log = open(tmp / "driver.log", "w")  # a file, not a pipe: an unread pipe would stall the driver
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + 600
     killed = False
     while proc.poll() is None and time.time() < deadline:
         path = tmp / "results/decide/state.json"
-        if path.exists() and state(tmp)["looks"] and list((tmp / "results/logs/student").rglob("seed2.log")):
+        if path.exists() and state(tmp)["looks"] and list((tmp / "results/logs/students").rglob("seed2.log")):
             os.killpg(proc.pid, signal.SIGTERM)  # as a terminal's Ctrl-C or a scheduler's kill would
             killed = True
             break
         time.sleep(0.5)
-    out = proc.communicate(timeout=120)[0]
-    assert killed, f"look 2 never started:\n{out[-3000:]}"
+    proc.wait(timeout=120)
+    log.close()
+    # The Snakemake the driver ran holds the driver's lock too, until it has stopped its jobs and exited.
+    with open(tmp / "results/decide/driver.lock", "a+") as lock:
+        for _ in range(240):
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.5)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    assert killed, f"look 2 never started:\n{(tmp / 'driver.log').read_text()[-3000:]}"
     after_kill = state(tmp)
     status = run(["linvit", "status", "--config", str(tmp / "tiny.yaml"), "--directory", str(tmp)], cwd=REPO).stdout
     look1 = {p: p.stat().st_mtime_ns for p in (tmp / "results/students").rglob("seed[01]/metrics.json")}

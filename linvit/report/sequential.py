@@ -44,7 +44,8 @@ The method (Jennison and Turnbull 2000, ch. 7 and 19; Lan and DeMets 1983):
   a family of m (claim, cell, budget) tests (Bonferroni over the family, valid under any stopping; Holm's
   step-down needs p-values that a non-binding stop does not give).
 
-The calibration under this stopping rule is linvit.report.calibration (docs/statistics.md).
+The calibration under this stopping rule is linvit.report.calibration_sequential (docs/statistics.md, "The
+sequential design").
 """
 
 from __future__ import annotations

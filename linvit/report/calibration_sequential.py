@@ -1,0 +1,502 @@
+"""The sequential design's calibration: linvit.report.sequential's looks, judged on simulated grids whose truth
+is known, beside naive rereading of the fixed-n test at the same looks.
+
+The data are linvit.report.calibration's (its noise model, a teacher per seed, `PER_SEED`): each experiment
+draws all `LOOKS[-1]` (the cap's) paired seeds at once, and look k reads the first LOOKS[k] of them
+(sequential.look_sample), as a grid that adds seeds does. Every deciding test of CLAIMS runs through
+sequential.sequential_test with alpha = 2.5% on the hold side and fail_alpha = 2.5% / k for a claim of k
+deciding tests, under the plan's default spending (sequential.DEFAULT_PLAN; `--spending` for another), with
+the futility rule (conditional power 0.1 from look 2) and without it, on the same draws; each claim's verdict
+is sequential.combine's.
+
+Reported per (scenario, futility, test or claim):
+
+- coverage: how often the repeated interval at the look where the test stopped (or the last) covers the truth;
+- wrong_holds / wrong_fails: how often the test ended holding where the truth is on the fails side, or failing
+  where the truth satisfies the claim (a truth exactly at the threshold does), over the whole sequence; the
+  targets are alpha and fail_alpha (`alpha_holds`, `alpha_fails`);
+- how often it held, failed or stopped undecided, its mean seeds and training jobs against a fixed design at
+  the cap: jobs are seeds x (the roles its statistics need + a teacher per seed); a claim's roles each train as
+  long as one of its tests that needs them runs, and its tests stop when the claim is decided;
+- naive_*: the fixed-n stats.test read at the same looks (its interval, holding at alpha and failing at the
+  same fail_alpha), stopping at the first look where it holds or fails: optional stopping; fixed_*: the
+  fixed-n test on all the cap's seeds (a fixed design), on the same draws;
+- distance_se: the truth's distance from the threshold toward the claim's side, in SEs of the test's contrast
+  (num - threshold x den) at the cap, measured on `SE_EXPERIMENTS` simulated cap-sized experiments.
+
+Scenarios: calibration.SCENARIOS (reference-like cells, `at` and `beside` the thresholds) and `at` with every
+deciding test moved `DISTANCES` SEs (at the cap) from its threshold, by shifting the one role of its numerator
+that no other deciding test uses (the expected seeds and jobs at 0, 1 and 2 SEs on either side).
+
+What it found: converting each look's z boundary to t by its nominal significance (n_k - 1 degrees of freedom)
+was liberal, 3-13% more error than alpha for paired t statistics of normal seeds (`t_conversion_table`), and
+so was the design at the thresholds; sequential.t_alpha corrects it, and pooled at the thresholds the tests
+now hold and fail as often as the spending allows (`at_threshold_by_look`). The numbers: docs/statistics.md,
+"The sequential design".
+
+    python -m linvit.report.calibration_sequential   # regenerates linvit/report/coverage_sequential.csv
+    python -m linvit.report.calibration_sequential --at-threshold   # the pooled check by look (about 4 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from linvit.config import PER_SEED
+from linvit.report import sequential, stats
+from linvit.report.calibration import SCENARIOS, TEACHER_SD, Scenario, _claim_true, _simulate, _truth
+from linvit.report.claims import CLAIMS, Thresholds
+
+SEQUENTIAL_CSV = Path(__file__).with_name("coverage_sequential.csv")
+LOOKS = (5, 10, 15, 20, 30)
+ALPHA = 0.025
+EXPERIMENTS = 2000  # Monte Carlo error of a 2.5% rate +-0.35%, of a 95% coverage +-0.5%
+FUTILITY = (0.1, None)  # the default rule, and none
+DISTANCES = (-2, -1, 1, 2)  # SEs at the cap from the threshold (positive: the claim's side); 0 is `at`
+SE_EXPERIMENTS = 200  # the SE at the cap: the root mean square of the engine's own SE over these
+COLUMNS = ["scenario", "images", "experiments", "looks", "spending", "futility", "statistic", "claim", "truth",
+           "threshold", "side", "claim_true", "distance_se", "alpha_holds", "alpha_fails", "level", "coverage",
+           "wrong_holds", "wrong_fails", "holds", "fails", "undecided", "mean_seeds", "mean_jobs", "fixed_jobs",
+           "naive_coverage", "naive_wrong_holds", "naive_wrong_fails", "naive_mean_seeds", "fixed_holds",
+           "fixed_fails"]
+# The t conversion's check: looks of the default plan, of a short grid and of two looks only.
+T_CHECK_LOOKS = ((5, 10, 15, 20, 30), (3, 6, 9, 12), (5, 10))
+T_CHECK_PATHS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Deciding:
+    """A deciding test of CLAIMS as the simulation runs it."""
+
+    claim: str
+    name: str
+    statistic: object  # claims.Statistic
+    numerator: dict
+    denominator: dict | None
+    threshold: float
+    side: str
+    fail_alpha: float
+
+    @property
+    def roles(self) -> list[str]:
+        return self.statistic.roles
+
+    @property
+    def sign(self) -> float:
+        """+1 where the claim holds above its threshold, -1 below."""
+        return 1.0 if self.side == ">=" else -1.0
+
+
+def deciding_tests(thresholds: Thresholds | None = None) -> list[Deciding]:
+    thresholds = thresholds or Thresholds()
+    return [Deciding(claim.name, t.statistic.name, t.statistic, dict(t.statistic.numerator),
+                     dict(t.statistic.denominator) if t.statistic.denominator else None,
+                     thresholds.value(t.threshold), t.side, ALPHA / len(claim.deciding))
+            for claim in CLAIMS for t in claim.deciding]
+
+
+def se_at_cap(scenario: Scenario, tests: list[Deciding], cap: int, experiments: int = SE_EXPERIMENTS,
+              seed: int = 1) -> dict[str, float]:
+    """Per test, the SE of its contrast num - threshold x den at the cap (the root mean square of the
+    engine's estimate: per-seed variance / cap + the images' part)."""
+    rng = np.random.default_rng(seed)
+    total = dict.fromkeys((t.name for t in tests), 0.0)
+    for _ in range(experiments):
+        sample = _simulate(rng, scenario, cap, None, (PER_SEED,), TEACHER_SD)[0][0]
+        for t in tests:
+            *_, per_seed, image = sequential._parts(sample, t.numerator, t.denominator, t.threshold)
+            total[t.name] += per_seed / cap + image
+    return {name: math.sqrt(v / experiments) for name, v in total.items()}
+
+
+def _moved_role(test: Deciding, tests: list[Deciding]) -> str:
+    """The role of the test's numerator that neither its denominator nor another deciding test uses."""
+    others = {r for t in tests if t is not test for r in t.roles} | set(test.denominator or ())
+    free = [r for r in test.numerator if r not in others]
+    if not free:
+        raise ValueError(f"{test.name}: every role of its numerator is shared; cannot move it alone")
+    return free[0]
+
+
+def distance_scenarios(tests: list[Deciding], distances=DISTANCES, cap: int = LOOKS[-1],
+                       base: str = "at") -> tuple[dict[str, Scenario], dict[str, float]]:
+    """`base` (every deciding truth at its threshold) with every deciding test moved d SEs at the cap toward
+    its claim's side (d > 0) or away (d < 0), one scenario per d; and the SEs used (measured on `base`)."""
+    sc = SCENARIOS[base]
+    se = se_at_cap(sc, tests, cap)
+    out = {}
+    for d in distances:
+        roles = dict(sc.roles)
+        for t in tests:
+            role = _moved_role(t, tests)
+            mu, sd = roles[role]
+            # The contrast moves by weight x shift: d x SE toward the claim's side.
+            roles[role] = (mu + t.sign * d * se[t.name] / t.numerator[role], sd)
+        out[f"{d:+d} SE"] = replace(sc, roles=roles, about=f"`{base}` with every deciding test {d:+d} SE(cap) "
+                                                            "from its threshold")
+    return out, se
+
+
+def _naive(results: list[stats.TestResult], fail_alpha: float) -> tuple[str, int]:
+    """The fixed-n test read at each look: (its outcome at the first look that decides, else the last's; that
+    look, 0-based), holding at alpha and failing at `fail_alpha`."""
+    for k, r in enumerate(results):
+        if r.outcome == stats.HOLDS:
+            return stats.HOLDS, k
+        if r.p_fails <= fail_alpha:  # NaN (no valid test) never fails
+            return stats.FAILS, k
+    return stats.INCONCLUSIVE, len(results) - 1
+
+
+def _claim_path(results: list[sequential.SequentialResult], looks: int) -> tuple[str, int]:
+    """A claim read by sequential.combine look by look: (its outcome, the look (0-based) it was decided at)."""
+    for k in range(looks):
+        outcome = sequential.combine([r if r.stopped <= k + 1 else sequential.SequentialResult(
+            sequential.CONTINUES, 0, r.level) for r in results])
+        if outcome != sequential.CONTINUES:
+            return outcome, k
+    return sequential.combine(results), looks - 1
+
+
+def _jobs(stops: dict[str, int], tests: list[Deciding], looks: tuple[int, ...]) -> float:
+    """Training jobs: each role its seeds as long as a test that needs it ran, and a teacher per seed."""
+    seeds: dict[str, int] = {}
+    for t in tests:
+        for role in t.roles:
+            seeds[role] = max(seeds.get(role, 0), looks[stops[t.name]])
+    return sum(seeds.values()) + max(looks[s] for s in stops.values())
+
+
+def _experiment(samples, tests: list[Deciding], claims: dict[str, list[Deciding]], plans: dict,
+                truths: dict[str, float], looks: tuple[int, ...], settings: stats.Settings) -> dict:
+    """One experiment's readings, keyed (what, statistic): "seq" per futility setting (outcome, look, covered
+    or jobs), "naive" (outcome, look, covered) and "fixed" (the outcome at the cap)."""
+    out = {}
+    for f, plan in plans.items():
+        results = {t.name: sequential.sequential_test(samples, t.numerator, t.denominator, t.threshold, t.side,
+                                                      plan, ALPHA, t.fail_alpha) for t in tests}
+        for t in tests:
+            r = results[t.name]
+            out[f, t.name] = (r.outcome, r.stopped - 1, r.looks[-1].low <= truths[t.name] <= r.looks[-1].high)
+        for c, parts in claims.items():
+            outcome, k = _claim_path([results[t.name] for t in parts], len(looks))
+            stops = {t.name: min(results[t.name].stopped - 1, k) for t in parts}
+            out[f, c] = (outcome, k, _jobs(stops, parts, looks))
+    fixed = {t.name: [stats.test(x, t.numerator, t.denominator, t.threshold, t.side, settings) for x in samples]
+             for t in tests}
+    for t in tests:
+        outcome, k = _naive(fixed[t.name], t.fail_alpha)
+        e = fixed[t.name][k].estimate
+        out["naive", t.name] = (outcome, k, e.low <= truths[t.name] <= e.high)
+        out["fixed", t.name] = _naive(fixed[t.name][-1:], t.fail_alpha)[0]
+    for c, parts in claims.items():  # by stats.combine at each look, as the report reads a claim
+        for k in range(len(looks)):
+            outcome = stats.combine([fixed[t.name][k] for t in parts], settings)
+            if outcome in (stats.HOLDS, stats.FAILS):
+                break
+        out["naive", c] = (outcome, k, math.nan)
+        out["fixed", c] = stats.combine([fixed[t.name][-1] for t in parts], settings)
+    return out
+
+
+def sequential_table(experiments: int = EXPERIMENTS, seed: int = 0, scenarios: dict[str, Scenario] | None = None,
+                     looks: tuple[int, ...] = LOOKS, futility=FUTILITY, images: int | None = None,
+                     distances=DISTANCES, spending: str = sequential.DEFAULT_PLAN["spending"],
+                     log=None) -> pd.DataFrame:
+    """The calibration table (see the module doc). `scenarios`: by default calibration.SCENARIOS and the
+    `distances` scenarios; `images`: a test-set size for every scenario (default: each its own). The fixed_*
+    columns: the fixed-n test (a claim: stats.combine) on all the cap's seeds, a fixed design's verdict."""
+    tests = deciding_tests()
+    settings = stats.Settings()
+    plans = {f: sequential.Plan(tuple(looks), spending, futility=f) for f in futility}
+    if scenarios is None:
+        scenarios = {**SCENARIOS, **distance_scenarios(tests, distances, looks[-1])[0]}
+    claims = {c.name: [t for t in tests if t.claim == c.name] for c in CLAIMS}
+    names = [*(t.name for t in tests), *claims]
+    rows = []
+    for index, (name, sc) in enumerate(scenarios.items()):
+        started = time.time()
+        sc = sc if images is None else replace(sc, images=images)
+        rng = np.random.default_rng([seed, index])  # each scenario its own stream
+        truths = {t.name: _truth(t.statistic, sc.roles) for t in tests}
+        true = {t.name: _claim_true(truths[t.name], t.threshold, t.side) for t in tests}
+        true.update({c: all(true[t.name] for t in parts) for c, parts in claims.items()})
+        se = se_at_cap(sc, tests, looks[-1])
+        runs = []
+        for _ in range(experiments):
+            full = _simulate(rng, sc, looks[-1], None, (PER_SEED,), TEACHER_SD)[0][0]
+            samples = [sequential.look_sample(full, list(range(n))) for n in looks]
+            runs.append(_experiment(samples, tests, claims, plans, truths, looks, settings))
+        common = {"scenario": name, "images": sc.images, "experiments": experiments,
+                  "looks": "/".join(map(str, looks)), "spending": spending}
+        for f in plans:
+            for s in names:
+                test = next((t for t in tests if t.name == s), None)
+                seq, naive = [r[f, s] for r in runs], [r["naive", s] for r in runs]
+                fixed = [r["fixed", s] for r in runs]
+                row = {**common, **_rates(seq, naive, true[s], looks, experiments), "futility": _futility(f),
+                       "statistic": s, "claim": test.claim if test else s, "claim_true": true[s],
+                       "fixed_holds": fixed.count(stats.HOLDS) / experiments,
+                       "fixed_fails": fixed.count(stats.FAILS) / experiments, "alpha_holds": ALPHA}
+                if test:
+                    per_seed = len(test.roles) + 1
+                    row.update(truth=truths[s], threshold=test.threshold, side=test.side,
+                               distance_se=_distance(test, truths[s], sc, se), alpha_fails=test.fail_alpha,
+                               level=1 - ALPHA - test.fail_alpha, coverage=np.mean([c for *_, c in seq]),
+                               naive_coverage=np.mean([c for *_, c in naive]),
+                               mean_jobs=np.mean([looks[k] for _, k, _ in seq]) * per_seed,
+                               fixed_jobs=looks[-1] * per_seed)
+                else:
+                    roles = {r for t in claims[s] for r in t.roles}
+                    row.update(side="all hold", alpha_fails=ALPHA, mean_jobs=np.mean([j for *_, j in seq]),
+                               fixed_jobs=looks[-1] * (len(roles) + 1))
+                rows.append(row)
+        if log:
+            log(f"{name}: {experiments} experiments in {time.time() - started:.0f} s")
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _rates(runs, naive, true: bool, looks, experiments: int) -> dict:
+    outcomes = [o for o, *_ in runs]
+    return {"wrong_holds": 0.0 if true else outcomes.count(stats.HOLDS) / experiments,
+            "wrong_fails": outcomes.count(stats.FAILS) / experiments if true else 0.0,
+            "holds": outcomes.count(stats.HOLDS) / experiments, "fails": outcomes.count(stats.FAILS) / experiments,
+            "undecided": 1 - (outcomes.count(stats.HOLDS) + outcomes.count(stats.FAILS)) / experiments,
+            "mean_seeds": float(np.mean([looks[k] for _, k, *_ in runs])),
+            "naive_wrong_holds": 0.0 if true else [o for o, *_ in naive].count(stats.HOLDS) / experiments,
+            "naive_wrong_fails": [o for o, *_ in naive].count(stats.FAILS) / experiments if true else 0.0,
+            "naive_mean_seeds": float(np.mean([looks[k] for _, k, *_ in naive]))}
+
+
+def _futility(f) -> str:
+    return "none" if f is None else f"{f:g}"
+
+
+def _distance(test: Deciding, truth: float, sc: Scenario, se: dict[str, float]) -> float:
+    """(truth - threshold) toward the claim's side, in SEs of the contrast at the cap (a share's: x the benefit)."""
+    scale = sum(w * sc.roles[r][0] for r, w in test.denominator.items()) if test.denominator else 1.0
+    return test.sign * (truth - test.threshold) * scale / se[test.name]
+
+
+BASE_SCENARIOS = tuple(SCENARIOS)  # the calibration table's; the others are the distance scenarios
+
+
+def sequential_markdown(table: pd.DataFrame | None = None) -> str:
+    """The table as markdown (the packaged coverage_sequential.csv by default): a summary, the calibration
+    (coverage, wrong verdicts with and without futility, naive rereading beside) on calibration.SCENARIOS,
+    then the expected seeds and jobs at the distance scenarios against a fixed design at the cap."""
+    table = pd.read_csv(SEQUENTIAL_CSV, keep_default_na=False, na_values=[""]) if table is None else table
+    experiments = int(table["experiments"].max())
+    looks = table["looks"].iloc[0]
+    cap = int(str(looks).split("/")[-1])
+
+    def mc(p):
+        return f"+-{100 * math.sqrt(p * (1 - p) / experiments):.2f}%"
+
+    base = table[table["scenario"].isin(BASE_SCENARIOS)]
+    summary = []
+    for f, g in base.groupby("futility", sort=False):
+        strict = g.loc[g["alpha_fails"] < ALPHA, "wrong_fails"].max()
+        summary.append(f"Futility {f}: lowest coverage {_pct(g['coverage'].min())}, most wrong holds "
+                       f"{_pct(g['wrong_holds'].max())}, most wrong fails {_pct(g['wrong_fails'].max())} (in C1 and "
+                       f"C2's tests, whose target is 1.25%: {_pct(strict)})")
+    naive = base[base["futility"] == base["futility"].iloc[0]]
+    worst = naive[["naive_wrong_holds", "naive_wrong_fails"]].max(axis=1)
+    parts = [f"{experiments:,} simulated experiments per scenario (a teacher per seed), each with all {cap} seeds "
+             f"drawn at once and read at looks of {looks.replace('/', ', ')} paired seeds; spending "
+             f"`{table['spending'].iloc[0]}`, alpha 2.5% on the hold side and 2.5% / k on the fail side (k: the "
+             f"claim's deciding tests: 1.25% for C1 and C2's tests). Monte Carlo error {mc(0.025)} at 2.5%, "
+             f"{mc(0.0125)} at 1.25%, {mc(0.95)} at 95%. "
+             + ". ".join(summary) + f". Naive rereading (the fixed-n test at each look) is wrong up to "
+             f"{_pct(worst.max())} of the time.", _calibration_rows(base)]
+    moved = table[~table["scenario"].isin(BASE_SCENARIOS)]
+    if not moved.empty:
+        parts.append(_seeds_rows(moved, table, cap))
+    return "\n\n".join(parts)
+
+
+def _claim_text(row) -> str:
+    if row["side"] not in ("<=", ">="):
+        return row["side"]
+    return f"{row['side']} {row['threshold']:+.2f}".replace("<=", "&le;").replace(">=", "&ge;")
+
+
+def _calibration_rows(base: pd.DataFrame) -> str:
+    head = ["statistic", "scenario (test images)", "truth", "claim", "wrong would be (target)",
+            "coverage (futility 0.1 / none)", "wrong (futility 0.1 / none)", "mean seeds (futility 0.1 / none)",
+            "naive rereading: wrong", "naive: coverage", "naive: mean seeds"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (statistic, scenario), g in base.groupby(["statistic", "scenario"], sort=False):
+        g = g.set_index("futility")
+        first = g.iloc[0]
+        true = bool(first["claim_true"])
+        risk = f"fails ({_pct(first['alpha_fails'], 2)})" if true else f"holds ({_pct(first['alpha_holds'], 2)})"
+        wrong = "wrong_fails" if true else "wrong_holds"
+        covered = "" if math.isnan(first["coverage"]) else " / ".join(_pct(g.loc[f, "coverage"]) for f in g.index)
+        cells = [statistic, f"{scenario} ({int(first['images'])})",
+                 "" if math.isnan(first["truth"]) else f"{first['truth']:+.3f}", _claim_text(first), risk, covered,
+                 " / ".join(_pct(g.loc[f, wrong], 2) for f in g.index),
+                 " / ".join(f"{g.loc[f, 'mean_seeds']:.1f}" for f in g.index),
+                 _pct(first[f"naive_{wrong}"], 2), _pct(first["naive_coverage"]), f"{first['naive_mean_seeds']:.1f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+
+def _seeds_rows(moved: pd.DataFrame, table: pd.DataFrame, cap: int) -> str:
+    """Per futility setting: per test and claim, at each distance from the threshold (`at` is 0), the mean
+    seeds, the mean jobs as a share of a fixed design's at the cap, and how often it decided (beside it,
+    how often the fixed design at the cap does)."""
+    scenarios = [*(s for s in dict.fromkeys(moved["scenario"]) if s.startswith("-")), "at",
+                 *(s for s in dict.fromkeys(moved["scenario"]) if not s.startswith("-"))]
+    both = table[table["scenario"].isin(scenarios)]
+    names = {s: "0 SE (`at`)" if s == "at" else s for s in scenarios}
+    parts = []
+    for f, g in both.groupby("futility", sort=False):
+        head = ["statistic", "jobs per seed", f"fixed design ({cap} seeds): jobs"] + [names[s] for s in scenarios]
+        rows = [f"Futility {f}: mean seeds, mean jobs as a share of the fixed design's, and decided (holds or "
+                f"fails; the fixed design at {cap} seeds in brackets), by the truth's distance from the threshold "
+                "in SEs at the cap (negative: the claim is false).", "",
+                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for statistic, h in g.groupby("statistic", sort=False):
+            h = h.set_index("scenario")
+            fixed = float(h["fixed_jobs"].iloc[0])
+            cells = [statistic, f"{fixed / cap:g}", f"{fixed:g}"]
+            for s in scenarios:
+                r = h.loc[s]
+                cells.append(f"{r['mean_seeds']:.1f} · {_pct(r['mean_jobs'] / fixed, 0)} · "
+                             f"{_pct(r['holds'] + r['fails'], 0)} ({_pct(r['fixed_holds'] + r['fixed_fails'], 0)})")
+            rows.append("| " + " | ".join(cells) + " |")
+        parts.append("\n".join(rows))
+    return "\n\n".join(parts)
+
+
+def _pct(x, digits: int = 1) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}%"
+
+
+def at_threshold_by_look(experiments: int = 12_000, seed: int = 2024, looks: tuple[int, ...] = LOOKS,
+                         spending: str = sequential.DEFAULT_PLAN["spending"]) -> pd.DataFrame:
+    """Scenario `at` (every deciding truth exactly at its threshold), no futility: per look, how often the
+    tests have held and failed by then, pooled over the tests of each fail alpha (C1 and C2's four shares at
+    1.25%, C3's difference at 2.5%), against what the spending function allows at that look's mean fraction.
+    Exactly at the threshold both rates are the design's own alpha (spent to that look) by construction."""
+    tests = deciding_tests()
+    plan = sequential.Plan(tuple(looks), spending, futility=None)
+    rng = np.random.default_rng(seed)
+    counts: dict = {}
+    for _ in range(experiments):
+        full = _simulate(rng, SCENARIOS["at"], looks[-1], None, (PER_SEED,), TEACHER_SD)[0][0]
+        samples = [sequential.look_sample(full, list(range(n))) for n in looks]
+        for t in tests:
+            r = sequential.sequential_test(samples, t.numerator, t.denominator, t.threshold, t.side, plan, ALPHA,
+                                           t.fail_alpha)
+            for look in r.looks:
+                c = counts.setdefault((t.fail_alpha, look.look), {"fraction": 0.0, "n": 0, "holds": 0, "fails": 0})
+                c["fraction"] += look.fraction
+                c["n"] += 1
+            if r.outcome in (stats.HOLDS, stats.FAILS):
+                counts[t.fail_alpha, r.stopped][r.outcome] += 1
+    rows = []
+    for fail_alpha in sorted({t.fail_alpha for t in tests}):
+        paths = experiments * sum(t.fail_alpha == fail_alpha for t in tests)
+        held = failed = 0
+        for k in range(1, len(looks) + 1):
+            c = counts.get((fail_alpha, k), {"fraction": 0.0, "n": 0, "holds": 0, "fails": 0})
+            held, failed = held + c["holds"], failed + c["fails"]
+            t = c["fraction"] / c["n"] if c["n"] else 1.0
+            rows.append({"fail_alpha": fail_alpha, "paths": paths, "look": k, "seeds": looks[k - 1],
+                         "mean_fraction": t, "holds": held / paths, "holds_allowed": plan.spent(ALPHA, t),
+                         "fails": failed / paths, "fails_allowed": plan.spent(fail_alpha, t)})
+    return pd.DataFrame(rows)
+
+
+def at_threshold_markdown(table: pd.DataFrame) -> str:
+    head = ["tests (fail alpha)", "look (seeds)", "mean fraction", "held by then (allowed)",
+            "failed by then (allowed)"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in table.iterrows():
+        who = "C1, C2's shares" if r["fail_alpha"] < ALPHA else "C3's difference"
+        rows.append(f"| {who} ({_pct(r['fail_alpha'], 2)}, {int(r['paths']):,} paths) | {int(r['look'])} "
+                    f"({int(r['seeds'])}) | {r['mean_fraction']:.3f} | {_pct(r['holds'], 2)} "
+                    f"({_pct(r['holds_allowed'], 2)}) | {_pct(r['fails'], 2)} ({_pct(r['fails_allowed'], 2)}) |")
+    return "\n".join(rows)
+
+
+def t_conversion_table(paths: int = T_CHECK_PATHS, seed: int = 1, looks_list=T_CHECK_LOOKS,
+                       alphas=(ALPHA, ALPHA / 2)) -> pd.DataFrame:
+    """How often one side's t boundaries are crossed by a paired t statistic of normal seeds (the fewest
+    degrees of freedom: the worst case for the conversion) under each spending function: converted from z at
+    alpha as is ("plain"), and at sequential.t_alpha's lowered alpha ("corrected"). By simulation with its own
+    generator (not t_alpha's paths), both tails counted."""
+    rows = []
+    for looks in looks_list:
+        n = np.array(looks)
+        rng = np.random.default_rng(seed)
+        hits: dict = {}
+        for _ in range(max(paths // 100_000, 1)):
+            x = rng.standard_normal((min(paths, 100_000), looks[-1]))
+            s, s2 = np.cumsum(x, axis=1)[:, n - 1], np.cumsum(x * x, axis=1)[:, n - 1]
+            mean = s / n
+            t = mean / np.sqrt((s2 - n * mean * mean) / (n - 1) / n)
+            for spending in sequential.SPENDING:
+                plan = sequential.Plan(looks, spending)
+                for alpha in alphas:
+                    for name, a in (("plain", alpha), ("corrected", sequential.t_alpha(alpha, plan))):
+                        c = np.array([sequential.t_critical(z, m - 1) for z, m in
+                                      zip(sequential.boundaries(n / looks[-1], a, plan), looks)])
+                        key = (spending, alpha, name)
+                        hits[key] = hits.get(key, 0) + int((t >= c).any(axis=1).sum() + (t <= -c).any(axis=1).sum())
+        total = 2 * max(paths // 100_000, 1) * min(paths, 100_000)
+        for (spending, alpha, name), k in hits.items():
+            if name == "plain":
+                rows.append({"looks": "/".join(map(str, looks)), "spending": spending,
+                             "gamma": sequential.Plan(looks, spending).gamma, "alpha": alpha,
+                             "plain": k / total, "corrected": hits[spending, alpha, "corrected"] / total,
+                             "t_alpha": sequential.t_alpha(alpha, sequential.Plan(looks, spending)),
+                             "mc": math.sqrt(alpha * (1 - alpha) / total)})
+    return pd.DataFrame(rows)
+
+
+def t_conversion_markdown(table: pd.DataFrame) -> str:
+    head = ["looks (seeds)", "spending", "alpha", "error, converted at alpha", "error, at t_alpha", "t_alpha / alpha"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in table.iterrows():
+        name = r["spending"] + (f" (gamma {r['gamma']:g})" if r["spending"] == "hwang_shih_decani" else "")
+        rows.append(f"| {r['looks'].replace('/', ', ')} | {name} | {_pct(r['alpha'], 2)} | "
+                    f"{_pct(r['plain'], 3)} ({r['plain'] / r['alpha']:.3f} x) | "
+                    f"{_pct(r['corrected'], 3)} ({r['corrected'] / r['alpha']:.3f} x) | "
+                    f"{r['t_alpha'] / r['alpha']:.3f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=SEQUENTIAL_CSV)
+    parser.add_argument("--experiments", type=int, default=EXPERIMENTS)
+    parser.add_argument("--spending", choices=list(sequential.SPENDING), default=sequential.DEFAULT_PLAN["spending"])
+    parser.add_argument("--at-threshold", action="store_true",
+                        help="print only the pooled check at the thresholds by look (12,000 experiments)")
+    args = parser.parse_args(argv)
+    started = time.time()
+    if args.at_threshold:
+        print(at_threshold_markdown(at_threshold_by_look(spending=args.spending)))
+        print(f"\n{time.time() - started:.0f} s")
+        return
+    print(t_conversion_markdown(t_conversion_table()) + "\n", flush=True)
+    table = sequential_table(experiments=args.experiments, spending=args.spending,
+                             log=lambda line: print(line, flush=True))
+    table.to_csv(args.out, index=False, float_format="%.6g")
+    print(sequential_markdown(table))
+    print(f"\n{time.time() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -50,6 +50,8 @@ SHELL_FENCES = ("bash", "sh", "shell", "console", "zsh")
 # (pattern for the whole command, check): the first pattern that matches decides.
 CHECKS = [
     (r"bash setup\.sh(?: (?P<case>\w+))?", "setup_sh"),
+    (r"(?:bash setup\.sh decide|linvit decide)(?P<args>(?: .*)?)", "decide"),
+    (r"sbatch --wrap \"linvit decide(?P<args>(?: .*)?)\"", "decide"),
     (r"source \.venv/bin/activate", "venv"),
     (r"conda env create -f environment\.yml", "conda"),
     (r"export LINVIT_SLURM_(?:ACCOUNT|PARTITION)=<\w+>", "variable"),
@@ -358,7 +360,24 @@ def check_pytest(command, match, tmp, capsys, comment):
     assert (REPO / "tests/conftest.py").is_file()
 
 
-CHECKERS = {"dry_run": check_dry_run, "slurm": check_slurm, "setup_sh": check_setup_sh, "venv": check_venv,
+def check_decide(command, match, tmp, capsys, comment):
+    """The sequential driver's arguments: its config files (the default grid and its plan when none is named)
+    make a grid with a plan whose first look is the configured seeds, and the rest, Snakemake's own (a
+    profile too), plan look 1 as that grid (a dry run: the driver runs Snakemake once per look)."""
+    from linvit.decide import DEFAULT_CONFIGS, Driver, merged_config, split_args
+
+    files, rest, _ = split_args(shlex.split(match["args"]))
+    files = [str(REPO / f) for f in files or DEFAULT_CONFIGS]
+    driver = Driver(merged_config(files), files, tmp / "results", tmp / "report")
+    assert driver.plan.looks[0] == len(driver.config["seeds"])
+    proc = subprocess.run(["snakemake", *rest, "-n", "--directory", str(tmp), "--configfile", *files], cwd=REPO,
+                          env=profile_env(**NO_ACCOUNTING), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {k: v for k, v in job_counts(proc.stdout).items() if k != "total"} == expected_jobs(driver.config)
+    assert not (tmp / "results").exists()
+
+
+CHECKERS = {"dry_run": check_dry_run, "decide": check_decide, "slurm": check_slurm, "setup_sh": check_setup_sh, "venv": check_venv,
             "conda": check_conda, "variable": check_variable, "installed": check_installed,
             "config": check_config, "run": check_run, "chain": check_chain, "help": check_help,
             "parse": check_parse, "module_help": check_module_help, "pytest": check_pytest, "status": check_status,

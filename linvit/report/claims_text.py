@@ -106,10 +106,21 @@ def coverage_section(config: dict | None = None) -> str:
                "undercover, the more so the more seeds (the 'coverage' columns)")
         applies = (f" This grid uses {per_seed}." if used == {PER_SEED} else f" This grid uses {one}."
                    if used == {ONE_TEACHER} else f" Some sizes of this grid use {per_seed}; others {one}.")
-    return ("The engine's calibration, by simulation of grids whose truth is known (shaped like a reference run; "
+    text = ("The engine's calibration, by simulation of grids whose truth is known (shaped like a reference run; "
             "`python -m linvit.report.calibration` regenerates it): how often the 95% interval covers the truth, "
             "and how often a verdict is wrong (holds where the truth fails, or the other way round)." + applies
             + "\n\n" + coverage_markdown(designs=designs))
+    if config and config.get("sequential") is not None:
+        # A sequential grid reads its tests at looks: its calibration is the one under that stopping rule,
+        # with what it saves against a fixed design at the cap.
+        from linvit.report.calibration_sequential import sequential_markdown
+
+        text += ("\n\n**Under the sequential design** (this grid's plan is read this way; "
+                 "`python -m linvit.report.calibration_sequential` regenerates it): the repeated intervals' coverage "
+                 "at the stopping look, wrong verdicts over the whole sequence, naive rereading of the fixed-n "
+                 "interval at the same looks beside it, and the expected seeds and training jobs against a fixed "
+                 "design at the cap.\n\n" + sequential_markdown())
+    return text
 
 
 def claims_markdown(verdicts: list[ClaimVerdict]) -> str:

@@ -1,6 +1,6 @@
 """The Slurm profile (`snakemake --profile slurm`): how it resolves from the project root, what a dry
-run submits, the one-line error without an account, and the smoke grid run through a real
-single-node Slurm cluster started here (munged, slurmctld, slurmd).
+run submits, the one-line error without an account, and the smoke grid run look by look by `linvit decide`
+through a real single-node Slurm cluster started here (munged, slurmctld, slurmd).
 
 The cluster needs root and the Debian packages slurmctld, slurmd, slurm-client and munge (installed
 with apt-get when missing; .ci/run installs them up front). Without them the cluster test is skipped,
@@ -10,6 +10,8 @@ environment) and puts back whatever was there; everything else lives in a tempor
 stops only the daemons it started.
 """
 
+import copy
+import json
 import os
 import re
 import shutil
@@ -22,6 +24,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from linvit import grid
+from linvit.config import validate
 
 from conftest import BIN, REPO, run
 from test_workflow import expected_jobs, job_counts
@@ -238,34 +243,83 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _submitted(out: str) -> list[tuple[str, str, str, Path]]:
+    """(Slurm job id, rule, the job's own log, its Slurm log) of each job Snakemake submitted in `out`: the
+    plugin's line names Snakemake's job id, whose block (`rule X:` ... `log:` ... `jobid: N`) names the log."""
+    logs = {}
+    for block in re.split(r"^\[.*\d{4}\]$", out, flags=re.M):
+        rule, log = re.search(r"^rule (\w+):", block, re.M), re.search(r"^\s+log: (\S+)$", block, re.M)
+        jobid = re.search(r"^\s+jobid: (\d+)$", block, re.M)
+        if rule and jobid:  # not a localrule's
+            logs[jobid.group(1)] = (rule.group(1), log.group(1) if log else None)
+    found = re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (\S*/slurm_logs/rule_(\w+)/\S*)\)",
+                       out)
+    assert all(job in logs and logs[job][0] == rule for job, _, _, rule in found), out[-3000:]
+    return [(slurm, rule, logs[job][1], Path(path)) for job, slurm, path, rule in found]
+
+
 @pytest.mark.slurm
-def test_smoke_grid_runs_through_sbatch(slurm_cluster, tmp_path):
-    """The smoke grid's settings on one target and three inits (every non-local rule: shards, teacher,
-    distill, reference, student, each training job evaluating its model) with `snakemake --profile slurm`.
-    The students ask for a GPU (`--set-resources student:gpu=1`, as paper.yaml's do): the plugin submits
-    `--gpus=1`, the cluster's `gpu` GRES (plain files for devices) grants it and `scontrol -d show job` shows it in the
-    job's allocation; the jobs that do not ask get none. (No device: the job still trains on the CPU.)"""
-    config = dict(SMOKE, targets=["synthetic"], inits=["random", "copy_all", "copy_mlp_distill"])
+def test_decide_runs_the_smoke_grid_through_sbatch(slurm_cluster, tmp_path):
+    """`linvit decide --profile slurm` on the smoke grid's settings (one target, five inits: every non-local
+    rule: shards, teacher, distill, reference, student, each training job evaluating its model), two looks
+    at 2 and 3 seeds: look 1 submits the grid, look 2 only the runs of seed 2 that the undecided tests' roles
+    (results/decide/state.json's `added`) and their teacher need, each with sbatch. The students ask for a GPU
+    (`--set-resources student:gpu=1`, as paper.yaml's do): the plugin submits `--gpus=1`, the cluster's `gpu`
+    GRES (plain files for devices) grants it and `scontrol -d show job` shows it in the job's allocation; the
+    jobs that do not ask get none. (No device: the job still trains on the CPU.)"""
+    # C1's roles (copy_mlp, attn_only): its tests stay undecided at 2 seeds. C3's alone would not: at these few
+    # steps every model predicts one class, so its statistic is infinite and it holds at look 1.
+    inits = ["random", "copy_all", "copy_mlp", "attn_only", "copy_mlp_distill"]
+    config = dict(SMOKE, targets=["synthetic"], inits=inits, seeds=[0, 1], claims={"min_seeds": 2},
+                  sequential={"looks": [2, 3]})
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
     os.symlink(REPO / "slurm", tmp_path / "slurm")  # the repository's link, as at the project root
-    env = profile_env(**NO_ACCOUNTING)
+    # Unbuffered: the driver's "decide: look 2" line comes before look 2's Snakemake output.
+    env = profile_env(**NO_ACCOUNTING, PYTHONUNBUFFERED="1")
     started = time.monotonic()
-    proc = subprocess.run(["snakemake", "--profile", "slurm", "-s", SNAKEFILE, "--configfile", "grid.yaml",
-                           "--slurm-init-seconds-before-status-checks", "2", "--retries", "0",
-                           "--set-resources", "student:gpu=1"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=420)
-    out = proc.stdout + proc.stderr
+    with open(tmp_path / "decide.out", "w") as sink:  # a file: an unread pipe would stall the driver
+        proc = subprocess.Popen(["linvit", "decide", "--profile", "slurm", "-s", SNAKEFILE, "--configfile", "grid.yaml",
+                                 "--slurm-init-seconds-before-status-checks", "2", "--retries", "0",
+                                 "--set-resources", "student:gpu=1"],
+                                cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=900)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)  # the driver and its Snakemake, which cancels its jobs
+            proc.wait(timeout=120)
+    out = (tmp_path / "decide.out").read_text()
     logs = sorted((tmp_path / "results/logs").rglob("*.log")) if (tmp_path / "results/logs").exists() else []
     assert proc.returncode == 0, out[-4000:] + "".join(p.read_text()[-800:] for p in logs[:3])
-    print(f"smoke grid through Slurm: {time.monotonic() - started:.0f} s")
-    submitted = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_(\w+)/", out)
-    expected = {rule: n for rule, n in expected_jobs(config).items() if rule not in LOCAL_RULES}
-    by_rule = {}
-    for _, rule in submitted:
-        by_rule[rule] = by_rule.get(rule, 0) + 1
-    assert by_rule == expected, out[-3000:]
-    assert {r for r, n in job_counts(out).items()} - {"total"} == set(expected) | {"report", "all"}
-    for jobid, rule in submitted:
+    state = json.loads((tmp_path / "results/decide/state.json").read_text())
+    assert [look["look"] for look in state["looks"]] == [1, 2] and state["next"] is None, out[-3000:]
+    added = state["looks"][1]["added"]
+    assert added and all(a["seeds"] == [2] for a in added), added
+    finished = [time.mktime(time.strptime(look["finished"], "%Y-%m-%d %H:%M:%S")) for look in state["looks"]]
+    print(f"decide on the smoke grid through Slurm: {time.monotonic() - started:.0f} s "
+          f"(look 2: {finished[1] - finished[0]:.0f} s)")
+    assert out.count("decide: look 2 of 2") == 1
+    looks = out.split("decide: look 2 of 2")
+    # Look 1: the whole grid at 2 seeds. Look 2: the jobs of its added runs alone (seed 2's teacher among them).
+    base = validate(copy.deepcopy(config))
+    before = {j.name: j for j in grid.jobs(base)}
+    extra = [j for j in grid.jobs({**base, "added_seeds": added}) if j.name not in before]
+    assert {j.rule for j in extra} >= {"teacher", "student"} and all(j.key.endswith("seed2") for j in extra), extra
+    expected = [{rule: n for rule, n in expected_jobs(config).items() if rule not in LOCAL_RULES},
+                {rule: sum(j.rule == rule for j in extra) for rule in {j.rule for j in extra}}]
+    submitted = [_submitted(text) for text in looks]
+    for look, (jobs, want, text) in enumerate(zip(submitted, expected, looks), 1):
+        by_rule = {}
+        for _, rule, _, _ in jobs:
+            by_rule[rule] = by_rule.get(rule, 0) + 1
+        assert by_rule == want, (look, text[-3000:])
+        assert {r for r, n in job_counts(text).items()} - {"total"} == set(want) | {"report", "all"}, look
+    # Look 2's jobs, each through sbatch (its Slurm log kept), are exactly the added runs' and their teacher's.
+    assert {log for _, _, log, _ in submitted[1]} == {j.log for j in extra}, submitted[1]
+    assert all(path.is_file() and path.name == f"{slurm}.log" for slurm, _, _, path in submitted[1])
+    # Nothing ran at seed 2 for a role look 2 did not add.
+    runs = {str(p.parent.relative_to(tmp_path)) for p in (tmp_path / "results/students").rglob("seed2/eval.json")}
+    assert runs == {str(j.cell.run_dir()) for j in extra if j.rule in ("student", "reference")}, runs
+    for jobid, rule, _, _ in submitted[0] + submitted[1]:
         show = subprocess.run(["scontrol", "-d", "show", "job", jobid], capture_output=True, text=True).stdout
         assert "JobState=COMPLETED" in show, show
         assert f"Comment=rule_{rule}" in show, show
@@ -276,7 +330,8 @@ def test_smoke_grid_runs_through_sbatch(slurm_cluster, tmp_path):
         granted = re.search(r"JOB_GRES=gpu(?::[A-Za-z]\w*)*:(\d+)", show)
         gpus = 1 if rule == "student" else 0
         assert (int(asked.group(1)) if asked else 0) == gpus and (int(granted.group(1)) if granted else 0) == gpus, show
-    assert not (set(r for _, r in submitted) & LOCAL_RULES)  # the report ran here; the shards were a Slurm job
+    # The report ran here (at each look); the shards were a Slurm job.
+    assert not ({r for _, r, _, _ in submitted[0] + submitted[1]} & LOCAL_RULES)
     readme = (tmp_path / "report/README.md").read_text()
     assert "C1" in readme and "C3" in readme
 

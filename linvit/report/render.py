@@ -174,8 +174,11 @@ def scale_markdown(config: dict, runs: pd.DataFrame, results: str | Path) -> str
                          f"{epoch}; {n_test:,} test images" if n_test else
                          f"- Target `{dataset}`: each student sees {budget} steps x {batch} = {seen:,} images{epoch}")
     seeds = len(config["seeds"])
-    lines.append(f"- {seeds} seed{'s' if seeds != 1 else ''} per cell (the unit of replication). The verdicts' "
-                 f"intervals are {intervals_over(config)}.")
+    per_cell = f"{seeds} seed{'s' if seeds != 1 else ''} per cell"
+    if config.get("sequential"):  # later looks add seeds only where a test is undecided (Decisions section)
+        per_cell += (f" at look 1, up to {config['sequential']['looks'][-1]} for the roles of a test still "
+                     "undecided (a sequential plan)")
+    lines.append(f"- {per_cell} (the unit of replication). The verdicts' intervals are {intervals_over(config)}.")
     harness = ", with teachers pretrained by the harness" if not any(pretrained(config, s) for s in config["sizes"]) \
         else ""
     return ("\n".join(lines) + "\n\nAt this scale the verdicts test whether the paper's effects appear in small "

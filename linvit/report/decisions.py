@@ -238,8 +238,14 @@ def _looks_run(d: Decisions) -> str:
     done = "; ".join(f"look {r.get('look')} ({r.get('seeds')} seeds, "
                      + (f"{_added(r)} runs added in all" if r.get("added") else "the grid as configured")
                      + f", finished {r.get('finished', 'n/a')})" for r in d.looks_run)
-    after = (f" Next: look {d.next_look.get('look')}, for {len(d.next_look.get('waiting') or [])} undecided tests."
-             if d.next_look else " The sequence is finished.")
+    if not d.next_look:
+        after = " The sequence is finished."
+    elif d.next_look.get("look") == 1:  # the report of a look is made before the driver records that look
+        after = " This report is look 1's, the grid as configured."
+    else:
+        k = d.next_look.get("look")
+        after = (f" This report is look {k}'s, run for the {len(d.next_look.get('waiting') or [])} tests undecided "
+                 f"after look {k - 1}.")
     return f"Looks run by `linvit decide` (results/decide/state.json): {done or 'none yet'}.{after}"
 
 

@@ -18,7 +18,7 @@ from linvit.report.roles import resolve_roles
 
 from conftest import BIN, REPO, run
 
-pytestmark = pytest.mark.slow  # two looks of a grid (about 3 minutes on 2 cores)
+SLOW = pytest.mark.slow  # the tests of `ran`: two looks of a grid (about 3 minutes on 2 cores)
 
 # C1's and C2's roles, no distilling strategy: C3 is not evaluable, so its role (the softmax reference)
 # must never get a look 2 seed. Two seeds at look 1, the cap at 3.
@@ -95,6 +95,7 @@ def ran(tmp_path_factory):
     return tmp, after_kill, status, look1, rerun
 
 
+@SLOW
 def test_look_two_trains_only_what_undecided_tests_need(ran):
     tmp, _, _, _, _ = ran
     final = state(tmp)
@@ -114,6 +115,7 @@ def test_look_two_trains_only_what_undecided_tests_need(ran):
     assert (tmp / "results/teacher/micro/seed2/model.safetensors").exists()  # the added seed's own teacher
 
 
+@SLOW
 def test_a_killed_look_resumes_and_retrains_nothing_finished(ran):
     tmp, after_kill, _, look1, rerun = ran
     assert [look["look"] for look in after_kill["looks"]] == [1] and after_kill["next"]["look"] == 2
@@ -126,6 +128,7 @@ def test_a_killed_look_resumes_and_retrains_nothing_finished(ran):
     assert tests and all(t["outcome"] != "continues" for t in tests if len(t["looks"]) == 2)
 
 
+@SLOW
 def test_status_shows_the_look_and_what_waits_for_it(ran):
     _, after_kill, status, _, _ = ran
     assert "Sequential plan: looks at 2, 3 seeds" in status
@@ -135,6 +138,7 @@ def test_status_shows_the_look_and_what_waits_for_it(ran):
     assert "interrupted" in status
 
 
+@SLOW
 def test_a_second_driver_is_refused_in_one_line(ran):
     tmp = ran[0]
     with open(tmp / "results/decide/driver.lock", "a+") as lock:
@@ -145,6 +149,7 @@ def test_a_second_driver_is_refused_in_one_line(ran):
     assert len(lines) == 1 and "another linvit decide runs on this results folder" in lines[0]
 
 
+@SLOW
 def test_a_plan_changed_after_look_one_is_refused(ran):
     tmp = ran[0]
     before = (tmp / "results/decide/state.json").read_text()
@@ -154,3 +159,34 @@ def test_a_plan_changed_after_look_one_is_refused(ran):
               cwd=REPO, check=False)
     assert out.returncode != 0 and "the plan changed after look 1" in out.stderr
     assert (tmp / "results/decide/state.json").read_text() == before  # nothing recorded is lost
+
+
+def test_the_next_look_adds_seeds_only_to_undecided_tests_of_undecided_claims(tmp_path):
+    """Driver.next_added on the decisions of a look: a continuing test of a continuing claim gets the next
+    seeds for each of its roles (the softmax reference as its own variant); a continuing test of a claim
+    that failed, a decided test and a futile one get none; runs added before keep their seeds."""
+    from linvit.decide import Driver
+
+    config = {**TINY, "seeds": [0, 1], "sequential": {"looks": [2, 4, 6]}}
+    driver = Driver(config, ["tiny.yaml"], tmp_path / "results", tmp_path / "report")
+    cell = {"dataset": "synthetic", "size": "micro", "variant": "elu", "budget": 4}
+    elu = lambda *inits: [("elu", i, "none") for i in inits]  # noqa: E731
+    decisions = {
+        "C1 a attn_alone": {"outcome": "continues", "claim_outcome": "continues", "cell": cell,
+                            "roles": elu("attn_only", "random", "copy_all")},
+        "C1 a attn_on_top": {"outcome": "holds", "claim_outcome": "continues", "cell": cell,
+                             "roles": elu("copy_all", "copy_mlp", "random")},
+        "C2 a mlp_alone": {"outcome": "continues", "claim_outcome": "fails", "cell": cell,
+                           "roles": elu("mlp_only", "random", "copy_all")},
+        "C2 a mlp_on_top": {"outcome": "fails", "claim_outcome": "fails", "cell": cell,
+                            "roles": elu("copy_all", "copy_attn", "random")},
+        "C3 a matches": {"outcome": "continues", "claim_outcome": "continues", "cell": cell,
+                         "roles": [("elu", "copy_mlp_distill", "proj_mse"), ("softmax", "reference", "none")]},
+    }
+    before = [{**cell, "variant": "elu", "init": "random", "design": "none", "seeds": [2, 3]}]
+    added, waiting = driver.next_added(decisions, 2, before)
+    got = {(a["variant"], a["init"], a["design"]): a["seeds"] for a in added}
+    assert got == {("elu", "random", "none"): [2, 3, 4, 5], ("elu", "attn_only", "none"): [4, 5],
+                   ("elu", "copy_all", "none"): [4, 5], ("elu", "copy_mlp_distill", "proj_mse"): [4, 5],
+                   ("softmax", "reference", "none"): [4, 5]}
+    assert waiting == ["C1 a attn_alone", "C3 a matches"]

@@ -190,3 +190,20 @@ def test_the_next_look_adds_seeds_only_to_undecided_tests_of_undecided_claims(tm
                    ("elu", "copy_all", "none"): [4, 5], ("elu", "copy_mlp_distill", "proj_mse"): [4, 5],
                    ("softmax", "reference", "none"): [4, 5]}
     assert waiting == ["C1 a attn_alone", "C3 a matches"]
+
+
+def test_a_recorded_look_that_reads_differently_now_is_refused(tmp_path):
+    """check_past: a look is never re-decided. If the runs of its seeds changed after it was decided (its
+    statistic or outcome reads differently from the results now), the driver stops in one line."""
+    from linvit.decide import DecideError, Driver
+
+    driver = Driver({**TINY, "sequential": {"looks": [2, 3]}}, ["tiny.yaml"], tmp_path / "results",
+                    tmp_path / "report")
+    look = {"look": 1, "outcome": "continues", "statistic": 1.25, "estimate": 0.1, "low": -1.0, "high": 1.0}
+    state = {"looks": [{"look": 1, "tests": {"C1 a attn_alone": {"outcome": "continues", "statistic": 1.25}}}]}
+    driver.check_past(state, {"C1 a attn_alone": {"looks": [look]}})  # the same reading: nothing to say
+    for changed in ({"statistic": 1.2500001}, {"outcome": "holds"}):
+        with pytest.raises(DecideError, match="look 1 of C1 a attn_alone was decided continues"):
+            driver.check_past(state, {"C1 a attn_alone": {"looks": [{**look, **changed}]}})
+    with pytest.raises(DecideError, match="no longer give it"):
+        driver.check_past(state, {"C1 a attn_alone": {"looks": []}})

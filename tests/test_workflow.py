@@ -117,7 +117,8 @@ def test_fresh_clone_plans_the_whole_grid_and_ships_no_rule_output(tmp_path):
         if (REPO / rel).is_file():  # deleted in the working tree: not in a commit made now
             (clone / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, clone / rel)
-    assert (clone / "report/reference/README.md").exists()  # the reference run is still shipped
+    assert (clone / "report/reference/README.md").exists()  # the reference runs are still shipped
+    assert (clone / "report/reference_decide/state.json").exists()
     out = snakemake(clone, "-n", "--cores", "2", snakefile=str(clone / "Snakefile"))
     text = out.stdout + out.stderr
     assert "Nothing to be done" not in text

@@ -36,12 +36,11 @@ from pathlib import Path
 import yaml
 
 from .config import ConfigError, NO_DESIGN, REFERENCE_INIT, load_config, seed_sequence, validate
-from .grid import REFERENCE_VARIANT, REPORT, RESULTS
+from .grid import REFERENCE_VARIANT, REPORT, RESULTS, decide_dir
 from .io import write_text
 
 DEFAULT_CONFIGS = ("workflow/config/default.yaml", "workflow/config/decide.yaml")
-DECIDE = "decide"  # results/decide/: the driver's state, the look's config and its lock
-STATE, LOOK, LOCK = "state.json", "look.yaml", "driver.lock"
+STATE, LOOK, LOCK = "state.json", "look.yaml", "driver.lock"  # in grid.decide_dir
 # A look's statistic must read the same when the driver reads it again (floating point of the same runs).
 SAME = 1e-9
 
@@ -110,7 +109,7 @@ class Driver:
             raise DecideError(f"{' + '.join(files)}: no `sequential:` plan (looks, spending); linvit decide runs "
                               f"a sequential grid (workflow/config/decide.yaml is the default grid's plan)")
         self.plan = self.design.plan
-        self.folder = Path(results) / DECIDE
+        self.folder = Path(decide_dir(results))
         self.report = Path(report)
         self.state_path, self.look_path = self.folder / STATE, self.folder / LOOK
 
@@ -179,20 +178,11 @@ class Driver:
         from .report.sequential import CONTINUES
 
         new_seeds = seed_sequence(self.config, self.plan.looks[look])[self.plan.looks[look - 1]:]
-        runs: dict[tuple, list[int]] = {}
-        for a in added:
-            runs[(a["dataset"], a["size"], a["variant"], a["init"], a["design"], a["budget"])] = list(a["seeds"])
-        waiting = []
-        for test_id, d in decisions.items():
-            if d["outcome"] != CONTINUES or d["claim_outcome"] != CONTINUES:
-                continue
-            waiting.append(test_id)
-            cell = d["cell"]
-            for variant, init, design in d["roles"]:
-                key = (cell["dataset"], cell["size"], variant, init, design, int(cell["budget"]))
-                runs[key] = sorted(set(runs.get(key, [])) | set(new_seeds))
-        return ([{"dataset": k[0], "size": k[1], "variant": k[2], "init": k[3], "design": k[4], "budget": k[5],
-                  "seeds": seeds} for k, seeds in runs.items()], waiting)
+        waiting = [test_id for test_id, d in decisions.items()
+                   if d["outcome"] == CONTINUES and d["claim_outcome"] == CONTINUES]
+        roles = [(cell["dataset"], cell["size"], variant, init, design, int(cell["budget"]))
+                 for t in waiting for cell in [decisions[t]["cell"]] for variant, init, design in decisions[t]["roles"]]
+        return with_seeds(added, roles, new_seeds), waiting
 
     def check_past(self, state: dict, decisions: dict[str, dict]) -> None:
         """Every recorded look reads the same now: its runs were not replaced since it was decided."""
@@ -279,6 +269,18 @@ def main(argv: list[str]) -> None:
 
 
 
+RUN_KEYS = ("dataset", "size", "variant", "init", "design", "budget")  # an added_seeds entry: its run, then seeds
+
+
+def with_seeds(added: list[dict], roles, seeds: list[int]) -> list[dict]:
+    """`added` (added_seeds entries) with `seeds` added to each of `roles` (tuples in RUN_KEYS order); a role
+    not there yet is appended. Earlier entries keep their order and seeds."""
+    runs = {tuple(a[k] for k in RUN_KEYS): list(a["seeds"]) for a in added}
+    for role in roles:
+        runs[tuple(role)] = sorted(set(runs.get(tuple(role), [])) | set(seeds))
+    return [{**dict(zip(RUN_KEYS, role)), "seeds": s} for role, s in runs.items()]
+
+
 def current_config(config: dict, root: str | Path = ".", results: str | Path = RESULTS) -> dict:
     """`config` with the runs the sequential driver has added so far in `root` (its current look's), so that
     `linvit status` lists the jobs Snakemake runs now. `config` itself where no driver ran."""
@@ -289,7 +291,8 @@ def current_config(config: dict, root: str | Path = ".", results: str | Path = R
 
 
 def read_state(root: str | Path = ".", results: str | Path = RESULTS) -> dict | None:
-    path = Path(root) / results / DECIDE / STATE
+    """The driver's record of a sequential run in `root` (None where no driver ran); DecideError if unreadable."""
+    path = Path(root) / decide_dir(results) / STATE
     if not path.exists():
         return None
     try:
@@ -335,16 +338,12 @@ def status_lines(config: dict, root: str | Path = ".", results: str | Path = RES
         lines += [f"  {test_id}: waits for seeds {these[0]}-{these[-1]} of its roles" for test_id in waiting]
     if look < len(looks) and (waiting or look == 1):
         nxt = seed_sequence(config, looks[look])[looks[look - 1]:]
-        roles = {(a["dataset"], a["size"], a["variant"], a["init"], a["design"], a["budget"])
-                 for a in state["next"]["added"]}
         if look == 1:
             lines.append(f"  look 2 adds seeds {nxt[0]}-{nxt[-1]} to the roles of the tests still undecided after "
                          f"look 1 (not known yet)")
-        else:
-            more = [{"dataset": k[0], "size": k[1], "variant": k[2], "init": k[3], "design": k[4], "budget": k[5],
-                     "seeds": sorted({*next(a["seeds"] for a in state["next"]["added"]
-                                           if (a["dataset"], a["size"], a["variant"], a["init"], a["design"],
-                                               a["budget"]) == k), *nxt})} for k in roles]
+        else:  # the roles this look trains, each given the next look's seeds too
+            added = state["next"]["added"]
+            more = with_seeds(added, [tuple(a[k] for k in RUN_KEYS) for a in added], nxt)
             after = len(jobs({**base, "added_seeds": more}))
             lines.append(f"  look {look + 1} would add {after - now} jobs (seeds {nxt[0]}-{nxt[-1]}) if they stay "
                          f"undecided")

@@ -20,6 +20,7 @@ path functions take plain strings, so the rules pass Snakemake wildcards ("{size
     results/logs/<rule>/...log, results/benchmarks/<rule>/...tsv   per job
     <a trained model's folder>/tb/                       its TensorBoard events (EVENTS; linvit.events)
     results/benchmark/attention.csv                      the operator benchmark (rule benchmark)
+    results/decide/                                      a sequential run's state (linvit decide; decide_dir)
     results/runs.csv, results/curves.csv, report/...     the report (report_files)
 """
 
@@ -190,6 +191,11 @@ def log_path(rule: str, key: str, results: str | Path = RESULTS) -> str:
 def benchmark_path(rule: str, key: str, results: str | Path = RESULTS) -> str:
     """Snakemake's benchmark TSV of one job (wall-clock s, max_rss MB, cpu_time, ...)."""
     return f"{results}/benchmarks/{rule}/{key}.tsv"
+
+
+def decide_dir(results: str | Path = RESULTS) -> str:
+    """The sequential driver's folder (linvit decide): state.json (the looks), look.yaml, driver.lock."""
+    return f"{results}/decide"
 
 
 def operator_benchmark_path(results: str | Path = RESULTS) -> str:

@@ -8,7 +8,6 @@ power, outcome), where and why it stopped and the seeds it used, the looks the d
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,13 +15,13 @@ from pathlib import Path
 import pandas as pd
 
 from linvit.config import seed_sequence
+from linvit.decide import DecideError, read_state
 from linvit.grid import jobs as grid_jobs
 from linvit.report import sequential, stats
 from linvit.report.aggregate import COST_RULES, benchmark_jobs
 from linvit.report.claims import CLAIMS, NOT_EVALUABLE, ClaimVerdict, Design, TestOutcome
 from linvit.report.claims_text import number
 
-DECIDE_STATE = "decide/state.json"  # under results/ (linvit.decide's DECIDE and STATE)
 GPU_COLUMN = "gpu_time"  # seconds, by analogy with cpu_time; Snakemake's benchmark files have none today
 # Why a test is where it is (the renderer's words are keyed by these).
 HOLD, FAIL, FUTILITY, CAP, CONTINUES, CLAIM_DONE, WAITS, UNEVALUABLE = (
@@ -117,13 +116,13 @@ def evaluate(config: dict, verdicts: list[ClaimVerdict], jobs: pd.DataFrame, res
     plan = design.plan
     tests = [_decision(claim, key, outcome, t, design) for claim, key, outcome, t in deciding_tests(verdicts)]
     out = Decisions(plan, stats.Settings.from_config(config).alpha, tests, _spending(config, jobs, plan.cap))
-    path = Path(results) / DECIDE_STATE
-    if path.exists():
-        try:
-            state = json.loads(path.read_text())
-            out.looks_run, out.next_look = list(state.get("looks") or []), state.get("next")
-        except (OSError, ValueError, AttributeError) as err:
-            out.problems.append(f"{path}: unreadable ({err})")
+    try:
+        state = read_state(".", results)  # the driver's own record and reader
+    except DecideError as err:
+        out.problems.append(str(err))
+        return out
+    if state is not None:
+        out.looks_run, out.next_look = list(state.get("looks") or []), state.get("next")
     return out
 
 

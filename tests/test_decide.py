@@ -20,6 +20,7 @@ from conftest import BIN, REPO, run
 
 SLOW = pytest.mark.slow  # the tests of `ran`: two looks of a grid (about 3 minutes on 2 cores)
 
+SMOKE = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
 # C1's and C2's roles, no distilling strategy: C3 is not evaluable, so its role (the softmax reference)
 # must never get a look 2 seed. Two seeds at look 1, the cap at 3.
 TINY = {
@@ -34,13 +35,8 @@ TINY = {
     "student": {"train": {"steps": 4, "batch_size": 32, "lr": 1.0e-3, "warmup_steps": 1, "eval_every": 4,
                           "eval_samples": 32}},
     "distill": {"train": {"steps": 2, "batch_size": 32, "lr": 1.0e-3, "warmup_steps": 1}},
-    "init_strategies": {
-        "random": {"copy": [], "distill": False},
-        "copy_all": {"copy": ["embed", "attn", "mlp", "norm", "head"], "distill": False},
-        "copy_attn": {"copy": ["embed", "attn", "norm", "head"], "distill": False},
-        "copy_mlp": {"copy": ["embed", "mlp", "norm", "head"], "distill": False},
-        "attn_only": {"copy": ["attn"], "distill": False},
-        "mlp_only": {"copy": ["mlp"], "distill": False}},
+    "init_strategies": {name: spec for name, spec in SMOKE["init_strategies"].items()
+                        if name in ("random", "copy_all", "copy_attn", "copy_mlp", "attn_only", "mlp_only")},
     "evaluation": {"fidelity_samples": 8, "throughput_batch": 8},
     "claims": {"min_seeds": 2},
     "sequential": {"looks": [2, 3]},

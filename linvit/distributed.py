@@ -1,95 +1,17 @@
 """Data parallelism across the processes `torchrun` starts: one training loop, N ranks.
 
-A step launched as `torchrun --standalone --nproc-per-node N --no-python linvit student ...` runs N
-copies of the same command; torchrun sets RANK, WORLD_SIZE and LOCAL_RANK, and `World.from_env`
-joins them into one process group (NCCL on CUDA, gloo on the CPU). Without torchrun (WORLD_SIZE
-unset or 1) the world is one process and nothing here communicates.
+`torchrun --standalone --nproc-per-node N --no-python linvit student ...` runs N copies of a step;
+`World.from_env` joins them into one process group (NCCL on CUDA, gloo on the CPU) after checking the
+launch (one node, torchrun rather than several `srun` tasks) and this rank's GPU. Without torchrun the
+world is one process and nothing here communicates. Every rank forms the same global batches and
+trains on its share (`linvit.data.loader`), so N ranks see exactly the batches one process would.
 
-How the loop uses it (see `linvit.train.fit` and `linvit.data.loader.ShardSet.batches`):
+The step (`DataParallelStep`) is the task's loss as one module (`StepModule`) in DistributedDataParallel
+(static graph, gradients as bucket views, no per-forward buffer sync), the loss averaged beside the
+gradients, one backward per forward, and a one-line refusal when the graph changes between steps.
+Only rank 0 writes; `rank_seed` gives every other rank its own random stream.
 
-- Every rank reads the same seeded sample stream and forms the same global batch of
-  `train.batch_size`; rank r decodes and trains on its contiguous share of it (batch_size / N
-  samples). So every rank has the same number of batches, and N processes see exactly the batches
-  one process would: the loss curve of 2 x B/2 is that of 1 x B up to float summation order.
-- The step runs through torch's DistributedDataParallel (`DataParallelStep`, below): one module
-  whose forward is the task's loss (the student, the teachers the objective reads, the loss
-  terms), so DDP averages the gradients over the ranks in buckets that overlap backward, and the
-  step's loss is averaged beside it; every rank takes the same optimizer step and the parameters
-  stay equal. One process is never wrapped: its step is the task's loss, as it always was.
-- Evaluation counts are summed over the ranks; only rank 0 writes logs, checkpoints and outputs.
-- The world size is not part of a run's fingerprint: the batches do not depend on it, so a job
-  killed on 2 GPUs resumes on 1 and the other way round.
-
-What stays exact under data parallelism, and what does not:
-
-- Exact: the data order and the global batches (the seeded sample stream, above), the model's
-  initialization (built from the seed on every rank, then rank 0's broadcast when DDP is built),
-  and the averaging of the gradients and the loss (every rank takes the same step, so the parameters
-  stay equal to the bit across ranks). Up to float summation order, N x B/N is 1 x B.
-- Not the same as one process: the stochastic layers' and the augmentation mixes' draws. Each rank
-  draws its dropout, drop-path and timm Mixup randomness (Mixup draws from numpy, seeded per step
-  from torch's generator: `linvit.steps.ClassifyTask`) from its own stream, seeded from (seed,
-  rank) by `rank_seed`; otherwise every rank would drop the same units and mix with the same lambda
-  on its share of the batch, N copies of one draw instead of N draws. Rank 0 keeps the stream of
-  the seed itself, so a one-process run is bit-identical to what it was before streams were split;
-  a run with dropout, drop-path or mixup on N processes matches one process in distribution only.
-  A checkpoint keeps every rank's generator state (rank 0's as before, the others' beside it), so a
-  killed job resumed on as many processes continues every stream; a rank the checkpoint has no
-  state for (resumed on more processes) starts a stream seeded from (seed, rank, step).
-
-The process group (`World.from_env`):
-
-- The device is checked before joining: a rank whose LOCAL_RANK has no GPU (torchrun started more
-  processes than this node shows, or CUDA is missing) is one line naming LOCAL_RANK, the visible
-  device count and CUDA_VISIBLE_DEVICES, instead of a CUDA error in one rank and a hang in the others.
-- `init_process_group` gets a timeout of LINVIT_DIST_TIMEOUT_MIN minutes (default 30, `TIMEOUT`)
-  and, on CUDA, `device_id=cuda:LOCAL_RANK` (the communicator is bound to this process's GPU
-  eagerly, not guessed at the first collective). Ranks legitimately wait on each other for a
-  while: rank 0 writing a checkpoint or the outputs, one rank compiling longer, a cold page cache
-  at the start of an epoch; NCCL's default of 10 minutes could abort a healthy job there, while a
-  rank that died still frees the others' GPUs within half an hour rather than holding them.
-- A barrier follows rank 0's final writes (`linvit.steps._finish`): no rank returns from a step
-  before its outputs exist. No rank reads during a run what rank 0 wrote in it: checkpoints are
-  read at the start of `fit` only, before DDP's broadcast that every rank must reach first, and a
-  resumed job reads what the killed one left.
-- One node only: a job torchrun spreads over several nodes (GROUP_WORLD_SIZE above 1, or
-  LOCAL_WORLD_SIZE below WORLD_SIZE) is one line before joining (`check_one_node`): every rank reads
-  the whole sample stream, which one node's page cache serves, and nothing here was tested across
-  nodes.
-
-The step (`DataParallelStep`): `StepModule` makes the task one module, its forward `task.loss(x,
-y)`, with the task's model and the frozen models its objective reads (teachers) as submodules, and
-DDP wraps it once per `fit` call (a design's next phase is another call, with its own trainable
-parameters, hence its own DDP). DDP broadcasts rank 0's parameters and buffers when it is built
-(after a resume has loaded the checkpoint), registers its reduction on the parameters that require
-gradients, and cuts them into buckets (LINVIT_BUCKET_MB megabytes, or DDP's default: 25 MiB after a
-first one of 1 MiB) that are all-reduced while backward goes on. The options, and why:
-
-- `static_graph=True`. Within one `fit` the trained parameters and the loss's graph are the same
-  at every step and on every rank: linvit's models, Mixup and objectives have no control flow that
-  depends on the data or the step. Some trained parameters get no gradient at all (a design with
-  `freeze: false` whose terms are teacher-forced leaves the student's head and embedding unused, a
-  term reading some blocks leaves the others), which DDP finds in the first step; from then on it
-  neither traverses the graph after each forward nor all-reduces a map of the used parameters in
-  each backward, as `find_unused_parameters=True` would. A parameter no rank uses keeps `grad None`, so AdamW skips it exactly as in one process; one that
-  some ranks use and others never do gets the mean over all ranks (zeros from the others).
-  A graph that does change is refused before the optimizer step: DDP raises itself for a parameter
-  used after a step without it, and `DataParallelStep.backward` raises `DataParallelError` in one
-  line when a parameter that had a gradient at the first step has none (where DDP would otherwise
-  leave that rank's gradients unaveraged); the other ranks are then freed by the failed rank's
-  exit (torchrun stops the job), so nothing hangs and no diverged step is taken.
-- `gradient_as_bucket_view=True`: the gradients are views into DDP's buckets, not a second copy.
-- `forward_sync_buffers=False`: the buffers (rotary tables, performer's fixed features) never change
-  after DDP's initial broadcast, so nothing is broadcast before each forward.
-- No `device_ids`: the module and the batches are on this rank's device already.
-- torch.compile: the modules `fit` compiles in place run inside DDP's forward, where dynamo's
-  DDPOptimizer splits their graphs at DDP's bucket boundaries, so the all-reduces still overlap
-  backward.
-- No gradient accumulation exists in linvit; a future one would run its inner backwards under
-  DDP's `no_sync()`.
-
-The mean loss stays on the device (an asynchronous all-reduce launched before backward, waited for
-after it); `linvit.train.fit` reads it on the host only every few steps (see its divergence check).
+Why each choice, what stays exact and what does not, and the measured parity: docs/data_parallel.md.
 """
 
 from __future__ import annotations
@@ -117,7 +39,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer (set by torchrun)") from None
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 def torchrun_env() -> tuple[int, int, int]:
@@ -150,6 +72,7 @@ class World:
     @classmethod
     def from_env(cls, device_type: str) -> "World":
         """Join the process group torchrun describes in the environment (once per process)."""
+        check_launch()
         size, rank, local_rank = torchrun_env()
         if size <= 1:
             return cls()
@@ -167,11 +90,11 @@ class World:
         """The seed of this rank's random stream (see the module's notes); rank 0's is `seed`."""
         return rank_seed(seed, self.rank, step)
 
-    def train_step(self, task) -> "TrainStep":
+    def train_step(self, task, compiled: bool = False) -> "TrainStep":
         """How `fit` computes a step's loss and gradients: the task's own loss with one process,
         through DistributedDataParallel over the ranks otherwise (`DataParallelStep`). Build it once
         the model holds what it resumes from: DDP broadcasts rank 0's parameters when it is built."""
-        return DataParallelStep(self, task) if self.parallel else TrainStep(task)
+        return DataParallelStep(self, task, compiled) if self.parallel else TrainStep(task)
 
     def rng_states(self, cuda_device: torch.device | None) -> list[dict]:
         """Every rank's generator states (CPU, and `cuda_device`'s), in rank order, on every rank: a
@@ -249,6 +172,19 @@ def check_local_gpu(local_rank: int, size: int) -> None:
                      f"CUDA_VISIBLE_DEVICES {shown})")
 
 
+def check_launch() -> None:
+    """A ValueError in one line when Slurm's srun started several copies of this command (several tasks,
+    or one torchrun per node of several): without torchrun's variables each would train alone as rank 0,
+    and all would write the same --out. The workflow's Slurm jobs run one task (`srun -n1`) in which
+    torchrun starts the ranks."""
+    tasks, nodes = _env_int("SLURM_STEP_NUM_TASKS", 1), _env_int("SLURM_STEP_NUM_NODES", 1)
+    if tasks > 1 or nodes > 1:
+        raise ValueError(f"srun started this command as {tasks} tasks on {nodes} node(s) (SLURM_STEP_NUM_TASKS="
+                         f"{tasks}, SLURM_STEP_NUM_NODES={nodes}), which would train apart into the same --out: "
+                         f"start one task on one node (srun -N1 -n1) running torchrun --standalone "
+                         f"--nproc-per-node N --no-python linvit ..., as the workflow does for a rule with gpu: N")
+
+
 def check_one_node(size: int) -> None:
     """A ValueError in one line when torchrun spreads this job over several nodes (module notes)."""
     nodes, local = _env_int("GROUP_WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", size)
@@ -259,12 +195,20 @@ def check_one_node(size: int) -> None:
                          f"node only; use torchrun --standalone --nproc-per-node N")
 
 
-def bucket_mb() -> float | None:
+def bucket_mb(compiled: bool = False) -> float | None:
     """DDP's bucket size in megabytes (`bucket_cap_mb`): LINVIT_BUCKET_MB, or None when it is unset,
-    DDP's default (25 MiB buckets after a first one of 1 MiB, which an explicit size would replace)."""
+    DDP's default (25 MiB buckets after a first one of 1 MiB, which an explicit size would replace).
+    `compiled`: the step runs modules torch.compile compiled, whose DDPOptimizer keeps DDP's default
+    first bucket of 1 MiB and asserts that no bucket is smaller, so a smaller size is one line here."""
     if not os.environ.get("LINVIT_BUCKET_MB"):
         return None
-    return _env_positive("LINVIT_BUCKET_MB", 0.0, "number")
+    mb = _env_positive("LINVIT_BUCKET_MB", 0.0, "number")
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES / 2**20
+    if compiled and mb < first:
+        raise ValueError(f"environment variable LINVIT_BUCKET_MB={os.environ['LINVIT_BUCKET_MB']!r} is below "
+                         f"{first:g}: under runtime.compile, dynamo's DDPOptimizer needs buckets of at least DDP's "
+                         f"first bucket ({first:g} MiB)")
+    return mb
 
 
 class TrainStep:
@@ -309,7 +253,7 @@ class DataParallelStep(TrainStep):
     notes), the loss averaged over the ranks beside the gradients, and a check that the graph did
     not change (a parameter with a gradient at the first step has one at every step)."""
 
-    def __init__(self, world: World, task):
+    def __init__(self, world: World, task, compiled: bool = False):
         super().__init__(task)
         from torch.nn.parallel import DistributedDataParallel
 
@@ -317,15 +261,26 @@ class DataParallelStep(TrainStep):
         named = task.trainable()
         self.names, self.params = [n for n, _ in named], [p for _, p in named]
         self.ddp = DistributedDataParallel(StepModule(task), static_graph=True, gradient_as_bucket_view=True,
-                                           forward_sync_buffers=False, bucket_cap_mb=bucket_mb())
+                                           forward_sync_buffers=False, bucket_cap_mb=bucket_mb(compiled))
         self.pattern: list[bool] | None = None  # which parameters had a gradient at the first step
+        self.forwards = 0  # forwards not yet followed by their backward
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.forwards += 1
         return self.ddp(x, y)
 
     def backward(self, loss: torch.Tensor, scaler=None) -> torch.Tensor:
         """Backward through DDP (the gradients averaged over the ranks as it runs); returns the mean of
-        the ranks' losses, on the device (all-reduced asynchronously, beside backward)."""
+        the ranks' losses, on the device (all-reduced asynchronously, beside backward). One backward per
+        forward: DDP reduces a bucket once per forward, so a second backward through the same forward
+        (retain_graph, or gradient accumulation without DDP's no_sync) would leave its gradients
+        unaveraged, each rank on its own; it is refused."""
+        if self.forwards != 1:
+            raise DataParallelError(
+                f"data parallel step on rank {self.world.rank}: {self.forwards} forward(s) before this backward; "
+                f"DDP averages one backward per forward, so a second backward through one forward "
+                f"(retain_graph) or several forwards per backward are not supported (linvit.distributed)")
+        self.forwards = 0
         mean = loss.detach().float().reshape(1).clone()
         work = dist.all_reduce(mean, op=dist.ReduceOp.SUM, async_op=True)
         (loss if scaler is None else scaler.scale(loss)).backward()

@@ -36,6 +36,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 IN, HIDDEN, CLASSES = 16, 64, 4
 BUCKET_MB = "0.004"   # ~4 KB buckets: the MLP's 6 tensors go in several all-reduces
+COMPILED_BUCKET_MB = "1"  # compiled: dynamo's DDPOptimizer takes no bucket below DDP's first (1 MiB)
 PRECISIONS = ("fp32", "bf16", "fp16")
 # Relative gradient and loss differences allowed between N ranks and one process. fp32 differs by the
 # order of float sums (measured on the CPU: ~1e-7); TF32 (fp32 on CUDA), fp16 and bf16 round each
@@ -132,12 +133,13 @@ def _fit(task, rt, out: Path, *, steps: int, batch: int, seed: int, clip: float 
 
 
 def _rank(index: int, ranks: int, port: int, parallel: int, device: str, out: str, steps: int, batch: int,
-          seed: int, dropout: float, precisions: tuple[str, ...], fault: str | None) -> None:
+          seed: int, dropout: float, precisions: tuple[str, ...], fault: str | None, compile: str | None) -> None:
     """One process of the check: rank `index` of `ranks` (ranks=1: the one-process reference of a check
     of `parallel` ranks). `batch`: the global batch of the parity runs; the dropout run's is `batch`
     on the ranks and batch / parallel alone (rank 0's share)."""
     os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LINVIT_BUCKET_MB=BUCKET_MB)
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      LINVIT_BUCKET_MB=COMPILED_BUCKET_MB if compile else BUCKET_MB)
     torch.set_num_threads(1)
     from .device import runtime
     from .distributed import World, shutdown
@@ -147,7 +149,7 @@ def _rank(index: int, ranks: int, port: int, parallel: int, device: str, out: st
     try:
         record = {}
         for precision in precisions:
-            rt = runtime({"runtime": {"precision": precision}}, device=device)
+            rt = runtime({"runtime": {"precision": precision, "compile": compile or False}}, device=device)
             torch.manual_seed(seed)  # the model as a step builds it: seeded, then rank 0's broadcast
             run = _fit(_Task(rt.device, 0.0), rt, Path(out) / f"{precision}-{ranks}", steps=steps, batch=batch,
                        seed=seed, clip=None)
@@ -200,17 +202,18 @@ def parity(runs: list[dict], alone: dict, precision: str, tf32: bool = False) ->
 
 
 def check(device: str = "cuda", *, ranks: int = 2, steps: int = 4, batch: int = 16, seed: int = 0,
-          dropout: float = 0.5, precisions=PRECISIONS, fault: str | None = None) -> dict:
+          dropout: float = 0.5, precisions=PRECISIONS, fault: str | None = None, compile: str | None = None) -> dict:
     """Train on `ranks` processes of `device` ("cuda": cuda:LOCAL_RANK with NCCL; "cpu": gloo) and in one
     process; return the comparison (module notes). `fault="sum"`: the ranks sum their gradients instead
-    of averaging them (the check must then fail). Raises what a rank raised."""
+    of averaging them (the check must then fail). `compile`: a torch.compile backend the parity runs'
+    models are compiled with (the dropout run stays eager). Raises what a rank raised."""
     if batch % ranks:
         raise ValueError(f"batch {batch} is not divisible by {ranks} ranks")
     if fault not in (None, "sum"):
         raise ValueError(f"fault {fault!r}: known: sum")
     precisions = tuple(precisions)
     with tempfile.TemporaryDirectory(prefix="linvit-dpcheck-") as out:
-        args = (ranks, device, out, steps, batch, seed, dropout, precisions, fault)
+        args = (ranks, device, out, steps, batch, seed, dropout, precisions, fault, compile)
         _start(ranks, *args)
         _start(1, *args)
         runs = [torch.load(Path(out) / f"rank{r}of{ranks}.pt") for r in range(ranks)]

@@ -433,7 +433,7 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
             print(f"{desc}: resuming from step {step}", file=sys.stderr)
     # The step: the task's loss, or under torchrun DDP around it, which broadcasts rank 0's parameters
     # (the ranks start equal whatever each built or loaded; they should agree anyway).
-    train_step = world.train_step(task)
+    train_step = world.train_step(task, compiled=bool(runtime.compile))
     log = _Log(live_log_path(out_dir), step if resumed is not None else None) if world.main else _NoLog()
     events = (RunEvents(events_dir or run_events_dir(out_dir), batch_size=spec.batch_size, resumed=resumed is not None,
                         step=step, seconds=elapsed, offset=events_offset) if world.main else NoEvents())

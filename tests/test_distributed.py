@@ -372,6 +372,84 @@ def test_a_bad_bucket_size_is_one_line(monkeypatch):
     monkeypatch.setenv("LINVIT_BUCKET_MB", "0")
     with pytest.raises(ValueError, match=r"^environment variable LINVIT_BUCKET_MB='0' is not a positive number$"):
         bucket_mb()
+    # Compiled modules: dynamo's DDPOptimizer asserts that no bucket is below DDP's first (1 MiB), in
+    # every rank, with a long traceback; eager DDP takes any size.
+    monkeypatch.setenv("LINVIT_BUCKET_MB", "0.5")
+    with pytest.raises(ValueError) as err:
+        bucket_mb(compiled=True)
+    assert str(err.value) == ("environment variable LINVIT_BUCKET_MB='0.5' is below 1: under runtime.compile, "
+                              "dynamo's DDPOptimizer needs buckets of at least DDP's first bucket (1 MiB)")
+    monkeypatch.setenv("LINVIT_BUCKET_MB", "1")
+    assert bucket_mb(compiled=True) == 1.0
+
+
+def test_compiled_modules_under_two_ranks_are_one_process_split_in_two():
+    # The parity check with the models compiled (aot_eager: dynamo and its DDPOptimizer, cheap to
+    # compile), DDP's buckets at the smallest size a compiled step takes.
+    from linvit import dpcheck
+
+    result = dpcheck.check("cpu", steps=2, batch=8, precisions=("fp32",), compile="aot_eager")
+    (p,) = result["parity"]
+    assert p["ok"] and p["steps_compared"] == 2 and p["param_max_diff_across_ranks"] == 0.0, p
+
+
+@pytest.mark.parametrize("env", [{"SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1"},
+                                 {"SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "2", "WORLD_SIZE": "4",
+                                  "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}])
+def test_ranks_srun_started_are_refused_in_one_line(monkeypatch, env):
+    # `srun --ntasks-per-node 2 linvit student ...` (no torchrun variables: each task would be rank 0 of
+    # 1), or `srun -N2 torchrun --standalone ...` (one world per node): N trainings into one --out.
+    from linvit.distributed import World
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as err:
+        World.from_env("cpu")
+    tasks, nodes = env["SLURM_STEP_NUM_TASKS"], env["SLURM_STEP_NUM_NODES"]
+    assert str(err.value) == (
+        f"srun started this command as {tasks} tasks on {nodes} node(s) (SLURM_STEP_NUM_TASKS={tasks}, "
+        f"SLURM_STEP_NUM_NODES={nodes}), which would train apart into the same --out: start one task on one node "
+        "(srun -N1 -n1) running torchrun --standalone --nproc-per-node N --no-python linvit ..., as the workflow "
+        "does for a rule with gpu: N")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # the workflow's jobs: srun -n1, torchrun inside
+    monkeypatch.setenv("SLURM_STEP_NUM_NODES", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert World.from_env("cpu") == World()
+
+
+def test_a_second_backward_through_one_forward_is_refused_in_one_line(tmp_path):
+    # DDP reduces each bucket once per forward: a second backward (retain_graph) would leave that
+    # step's gradients unaveraged on each rank. A one-rank gloo group stands for the ranks.
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from linvit.distributed import DataParallelError, DataParallelStep, World
+
+    class Task:
+        model = nn.Linear(4, 2)
+
+        def trainable(self):
+            return list(self.model.named_parameters())
+
+        def loss(self, x, y):
+            return nn.functional.cross_entropy(self.model(x), y)
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        step = DataParallelStep(World(rank=0, size=1), Task())
+        x, y = torch.randn(3, 4), torch.tensor([0, 1, 0])
+        loss = step.loss(x, y)
+        step.backward(loss)
+        with pytest.raises(DataParallelError) as err:
+            step.backward(loss)
+        assert str(err.value) == (
+            "data parallel step on rank 0: 0 forward(s) before this backward; DDP averages one backward per "
+            "forward, so a second backward through one forward (retain_graph) or several forwards per backward "
+            "are not supported (linvit.distributed)")
+        step.backward(step.loss(x, y))  # the next step's forward and backward go on
+    finally:
+        dist.destroy_process_group()
 
 
 def test_a_job_over_several_nodes_is_one_line_before_joining(monkeypatch):

@@ -43,6 +43,19 @@ localrules:
     report_from_results,
 
 
+# The report's outputs, and every file the report reads (report_inputs): Snakemake plans a job whose
+# output is missing only when a target needs that file, so without them a student's eval.json deleted
+# after the grid finished would leave "Nothing to be done" (tests/test_workflow.py).
 rule all:
     input:
         rules.report.output,
+        report_inputs,
+
+
+# The run's record for `linvit status` (linvit/runrecord.py): the config as merged here, the host, this
+# process, the executor. Snakemake calls this once it has jobs to run: not in a dry run, not inside
+# cluster jobs (they run with --no-hooks).
+onstart:
+    from linvit.runrecord import write_record
+
+    write_record(config, workflow)

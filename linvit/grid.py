@@ -26,11 +26,12 @@ path functions take plain strings, so the rules pass Snakemake wildcards ("{size
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import (CHECKPOINT, CHECKPOINTS, NO_DESIGN, REFERENCE_INIT, budgets, designs, kd_reference, teacher_design,
-                     teacher_seed, trained_sizes)
+from .config import (CHECKPOINT, CHECKPOINTS, NO_DESIGN, REFERENCE_INIT, budgets, checkpoint, designs, kd_reference,
+                     teacher_design, teacher_seed, trained_sizes)
 from .registry import SOFTMAX
 
 # The softmax reference runs the teacher's own attention; it is identified by its init (REFERENCE_INIT),
@@ -274,7 +275,10 @@ def all_cells(config: dict) -> list[Cell]:
 class Job:
     """One job of the workflow's DAG, as workflow/rules/*.smk declare it: its rule, its key (the path
     below the rule's log and benchmark folders), the files it writes, its log and Snakemake benchmark
-    file, and the jobs whose outputs it reads (`needs`, as Job.name)."""
+    file, the jobs whose outputs it reads (`needs`, as Job.name), the cell it trains (if any), the
+    folder it writes into (`folder`) and every file it reads (`reads`: its declared inputs, the files
+    of the jobs it needs and a pretrained teacher's weights file; the rules take theirs from here or
+    spell the same paths, and tests/test_workflow.py checks both against Snakemake's plan)."""
 
     rule: str
     key: str
@@ -283,63 +287,113 @@ class Job:
     benchmark: str | None = None
     needs: tuple[str, ...] = ()
     cell: Cell | None = None
+    folder: str = ""
+    reads: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         return f"{self.rule} {self.key}"
+
+    @property
+    def evaluates(self) -> bool:
+        """The job that trains and evaluates its cell (stage 2: a student or the softmax reference),
+        not a distillation the cell starts from."""
+        return self.cell is not None and self.rule == self.cell.rule
+
+
+# The folder of a rule's logs and benchmarks below results/logs/ and results/benchmarks/, where it is not the
+# rule's name: every teacher's is teacher/, and the students share theirs with the softmax references.
+LOG_FOLDERS = {"teacher_pretrained": "teacher", "teacher_replicate": "teacher", "student": "students",
+               "reference": "students"}
 
 
 def jobs(config: dict, results: str | Path = RESULTS, report: str | Path = REPORT,
          with_benchmark: bool = False) -> list[Job]:
     """Every job `snakemake` runs for a config (but `all`), in an order where a job comes after those it
     needs: shards, teachers, distillations, softmax references, students (each evaluating its model),
-    the report.
-    `with_benchmark`: whether the operator benchmark's CSV exists (the report then draws one more
-    figure). tests/test_workflow.py checks this list against the jobs a dry run plans."""
+    the report. This is the workflow's one list of jobs: the report rule's inputs (common.smk), the
+    report's reasons for a missing cell (report.aggregate.failure), the benchmark and result folders
+    (aggregate.benchmark_jobs, bench) and `linvit status` are read from it.
+    `with_benchmark`: whether the operator benchmark's CSV exists (the report then reads it and draws
+    one more figure). tests/test_workflow.py checks this list against the jobs a dry run plans."""
     trained = trained_sizes(config)
     teacher_data = [config["teacher"]["dataset"]] if trained else []
     datasets = list(dict.fromkeys([*config["targets"], *teacher_data]))
-    shards = {d: Job("shards", d, (shards_dir(d, results),), log_path("shards", d, results)) for d in datasets}
-    out = list(shards.values())
+    made_by: dict[str, str] = {}  # every declared output -> the name of the job that writes it
+    out: list[Job] = []
+
+    def add(rule, key, folder, outputs, benchmark=None, reads=(), cell=None) -> Job:
+        log = log_path(LOG_FOLDERS.get(rule, rule), key, results)
+        needs = tuple(dict.fromkeys(made_by[path] for path in reads if path in made_by))
+        job = Job(rule, key, tuple(outputs), log, benchmark, needs, cell, str(folder), tuple(reads))
+        made_by.update((path, job.name) for path in (*job.outputs, *([benchmark] if benchmark else [])))
+        out.append(job)
+        return job
+
+    shards = {d: add("shards", d, shards_dir(d, results), (shards_dir(d, results),)) for d in datasets}
     teachers = {}
     for size, seed in _size_seeds(config):
         t = teacher_seed(config, size, seed)
         key = teacher_key(size, t)
-        if key not in teachers:
-            loaded = size not in trained  # a pretrained checkpoint: no training files, no shards read
-            teachers[key] = Job(teacher_rule(config, size), key,
-                                _files(teacher_dir(size, t, results), PRETRAINED_FILES if loaded else MODEL_FILES),
-                                log_path("teacher", key, results), benchmark_path("teacher", key, results),
-                                () if loaded else (shards[teacher_data[0]].name,))
-    out += teachers.values()
+        if key in teachers:
+            continue
+        folder = teacher_dir(size, t, results)
+        if size in trained:
+            reads = (shards[teacher_data[0]].folder,)
+        else:  # a pretrained checkpoint: no training files, no shards read; its weights file if it names one
+            file = checkpoint(config, size, t).get("file")
+            reads = (os.path.expanduser(file),) if file else ()
+        teachers[key] = add(teacher_rule(config, size), key, folder,
+                            _files(folder, MODEL_FILES if size in trained else PRETRAINED_FILES),
+                            benchmark_path("teacher", key, results), reads)
 
-    def inputs(cell: Cell) -> tuple[str, ...]:  # shards and the teacher every cell's jobs read
-        return shards[cell.dataset].name, teachers[teacher_key(cell.size, teacher_seed(config, cell.size,
-                                                                                      cell.seed))].name
+    def inputs(cell: Cell) -> tuple[str, ...]:  # what every job of a cell reads: its shards and its teacher
+        teacher = teacher_dir(cell.size, teacher_seed(config, cell.size, cell.seed), results)
+        return shards[cell.dataset].folder, f"{teacher}/model.json", f"{teacher}/model.safetensors"
 
     distills = {}
     for c in distill_cells(config):
-        distills[c.distill_key] = Job("distill", c.distill_key, _files(
-            distill_dir(c.dataset, c.size, c.variant, c.init, c.design, c.seed, results), DISTILL_FILES),
-            log_path("distill", c.distill_key, results), benchmark_path("distill", c.distill_key, results),
-            inputs(c), c)
-    out += distills.values()
+        folder = distill_dir(c.dataset, c.size, c.variant, c.init, c.design, c.seed, results)
+        distills[c.distill_key] = add("distill", c.distill_key, folder, _files(folder, DISTILL_FILES),
+                                      benchmark_path("distill", c.distill_key, results), inputs(c), c)
     trains = {}
     for c in all_cells(config):  # the references first: a student of logit losses may read one
-        needs = inputs(c)
-        if c.distills:
-            needs += (distills[c.distill_key].name,)
-        if not c.is_reference and kd_reference(config, c.init, c.dataset, c.size):
+        reads = inputs(c)
+        if c.distills:  # stage 2 starts from the whole distilled student
+            reads += _files(distills[c.distill_key].folder, ("metrics.json", "model.json", "model.safetensors"))
+        if not c.is_reference and kd_reference(config, c.init, c.dataset, c.size):  # its logit teacher
             reference = Cell(c.dataset, c.size, REFERENCE_VARIANT, REFERENCE_INIT, c.seed, NO_DESIGN, c.budget)
-            needs += (trains[reference.key].name,)
-        trains[c.key] = Job(c.rule, c.key, _files(c.run_dir(results), STUDENT_FILES), str(c.log_path(results)),
-                            str(c.benchmark_path("students", results)), needs, c)
-    out += trains.values()
-    # The report reads every training job's files (eval.json among a stage-2 job's) and benchmark.
-    read = [*teachers.values(), *distills.values(), *trains.values()]
-    out.append(Job("report", "all", tuple(report_files(with_benchmark, report, results)),
-                   log_path("report", "all", results), None, tuple(job.name for job in read)))
+            reads += _files(trains[reference.key].folder, ("metrics.json", "model.json", "model.safetensors"))
+        trains[c.key] = add(c.rule, c.key, c.run_dir(results), _files(c.run_dir(results), STUDENT_FILES),
+                            benchmark_path("students", c.key, results), reads, c)
+    add("report", "all", report, report_files(with_benchmark, report, results),
+        reads=report_reads(config, teachers.values(), distills.values(), trains.values(), results, with_benchmark))
     return out
+
+
+# What the report reads of a stage-2 job's folder (linvit.report.aggregate): metrics, the training log
+# (curves), the evaluation, the per-image predictions (the claims' statistics); of a trained teacher's,
+# its metrics (the scale section).
+REPORT_READS = ("metrics.json", "train.jsonl", "eval.json", "predictions.npz")
+
+
+def report_reads(config: dict, teachers, distills, trains, results: str | Path = RESULTS,
+                 with_benchmark: bool = False) -> tuple[str, ...]:
+    """Every file the report reads that a job writes, and so every input of the `report` rule: each cell's
+    REPORT_READS, every training job's benchmark TSV (the cost section), the trained teachers' metrics,
+    the targets' shards (their sizes: the scale section) and the operator benchmark's CSV if it exists.
+    Logs are read only for a missing cell, which the report rule never sees (it waits for every cell)."""
+    reads = [shards_dir(d, results) for d in config["targets"]]
+    for job in teachers:
+        if job.rule == "teacher":
+            reads.append(f"{job.folder}/metrics.json")
+        reads.append(job.benchmark)
+    reads += [job.benchmark for job in distills]
+    for job in trains:
+        reads += [*_files(job.folder, REPORT_READS), job.benchmark]
+    if with_benchmark:
+        reads.append(operator_benchmark_path(results))
+    return tuple(reads)
 
 
 def _files(folder: str | Path, names) -> tuple[str, ...]:

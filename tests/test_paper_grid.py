@@ -76,3 +76,10 @@ def test_paper_grid_without_dataset_paths_is_one_line(tmp_path):
     text = out.stdout + out.stderr
     assert "config key datasets.imagenet.path" in text
     assert "Traceback" not in text
+
+
+def test_paper_grid_is_grid_jobs(planned):
+    """linvit.grid.jobs is the paper grid's plan, job by job (the dry run's inputs, outputs, logs, benchmarks)."""
+    from test_workflow import assert_plan_is_grid_jobs
+
+    assert_plan_is_grid_jobs(planned, CONFIG)

@@ -64,6 +64,35 @@ def job_blocks(output: str) -> list[str]:
     return [b for b in re.split(r"^\[.*\d{4}\]$", output, flags=re.M) if re.search(r"^(?:local)?rule \w+:", b, re.M)]
 
 
+def planned_jobs(output: str) -> list[tuple[str, dict[str, list[str]]]]:
+    """(rule, {field: [value, ...]}) of every job a dry run prints (input, output, log, benchmark, ...)."""
+    jobs = []
+    for block in job_blocks(output):
+        rule = re.search(r"^(?:local)?rule (\w+):", block, re.M).group(1)
+        jobs.append((rule, {k: [p.strip() for p in v.split(",")] for k, v in re.findall(r"^\s*(\w+): (.+)$", block, re.M)}))
+    return jobs
+
+
+def assert_plan_is_grid_jobs(output: str, config: dict, with_benchmark: bool = False) -> None:
+    """linvit.grid.jobs(config) is the plan a dry run printed, job by job: each job's rule, outputs, log,
+    benchmark, the files it reads (its declared inputs) and the jobs that write them (`needs`); and
+    `all` asks for the report's outputs and every file the report reads."""
+    planned = planned_jobs(output)
+    by_log = {fields["log"][0]: (rule, fields) for rule, fields in planned if rule != "all"}
+    listed = grid.jobs(config, with_benchmark=with_benchmark)
+    assert sorted(job.log for job in listed) == sorted(by_log)
+    made_by = {path: job.name for job in listed for path in (*job.outputs, job.benchmark) if path}
+    for job in listed:
+        rule, fields = by_log[job.log]
+        assert (rule, set(fields["output"]), fields.get("benchmark", [None])[0]) == \
+            (job.rule, set(job.outputs), job.benchmark), job.name
+        assert set(fields.get("input", [])) == set(job.reads), job.name
+        assert {made_by[p] for p in fields.get("input", []) if p in made_by} == set(job.needs), job.name
+    (everything,) = [fields for rule, fields in planned if rule == "all"]
+    report = listed[-1]
+    assert report.rule == "report" and set(everything["input"]) == {*report.outputs, *report.reads}
+
+
 def config_error(tmp, config: dict):
     """Run the workflow on `config`; return its exit code and its output."""
     (tmp / "bad.yaml").write_text(yaml.safe_dump(config))
@@ -80,8 +109,15 @@ def job_counts(output: str) -> dict[str, int]:
     return counts
 
 
-def test_dry_run_plans_one_student_job_per_cell(tmp_path):
-    out = snakemake(tmp_path, "-n", "--cores", "2")
+@pytest.fixture(scope="module")
+def default_plan(tmp_path_factory):
+    """A dry run of the embedded default grid (workflow/config/default.yaml) in an empty folder."""
+    tmp = tmp_path_factory.mktemp("default")
+    return tmp, snakemake(tmp, "-n", "--cores", "2")
+
+
+def test_dry_run_plans_one_student_job_per_cell(default_plan):
+    tmp_path, out = default_plan
     counts = job_counts(out.stdout)
     # 1 target x 1 size x (elu's 7 inits + the softmax control's 4, control_inits) x 1 budget x 5 seeds
     assert counts["student"] == 55
@@ -135,11 +171,7 @@ def test_fresh_clone_plans_the_whole_grid_and_ships_no_rule_output(tmp_path):
 def test_every_file_a_job_reads_is_declared(tmp_path):
     """Each rule's declared inputs and outputs, as planned for the smoke grid."""
     out = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
-    jobs = []
-    for block in job_blocks(out.stdout):
-        m = re.search(r"^(?:local)?rule (\w+):", block, re.M)
-        fields = {k: [p.strip() for p in v.split(",")] for k, v in re.findall(r"^\s*(\w+): (.+)$", block, re.M)}
-        jobs.append((m.group(1), fields))
+    jobs = planned_jobs(out.stdout)
     by_rule = {}
     for rule, fields in jobs:
         by_rule.setdefault(rule, []).append(fields)
@@ -179,17 +211,8 @@ def test_every_file_a_job_reads_is_declared(tmp_path):
         assert str(cell.benchmark_path("students")) in report["input"]
     assert grid.benchmark_path("teacher", grid.teacher_key("micro", 0)) in report["input"]
     assert grid.operator_benchmark_path() not in report["input"]
-    # linvit.grid.jobs (the jobs `linvit status` follows) is this plan: each job's rule, outputs, log
-    # and benchmark, and the jobs whose files it reads.
-    planned = {fields["log"][0]: (rule, fields) for rule, fields in jobs if rule != "all"}
-    listed = grid.jobs(SMOKE)
-    assert sorted(job.log for job in listed) == sorted(planned)
-    made_by = {path: job.name for job in listed for path in (*job.outputs, job.benchmark) if path}
-    for job in listed:
-        rule, fields = planned[job.log]
-        assert (rule, set(fields["output"]), fields.get("benchmark", [None])[0]) == \
-            (job.rule, set(job.outputs), job.benchmark), job.name
-        assert {made_by[p] for p in fields.get("input", []) if p in made_by} == set(job.needs), job.name
+    # linvit.grid.jobs (the jobs `linvit status` follows, the report's inputs) is this plan.
+    assert_plan_is_grid_jobs(out.stdout, SMOKE)
     # With the operator benchmark's CSV present, the report reads it and draws its figure.
     bench = tmp_path / grid.operator_benchmark_path()
     bench.parent.mkdir(parents=True)
@@ -198,6 +221,34 @@ def test_every_file_a_job_reads_is_declared(tmp_path):
     report_block = next(b for b in job_blocks(again.stdout) if re.search(r"^(?:local)?rule report:", b, re.M))
     assert grid.operator_benchmark_path() in report_block
     assert all(f in report_block for f in grid.report_files(True))
+    assert_plan_is_grid_jobs(again.stdout, SMOKE, with_benchmark=True)
+
+
+def test_the_default_grid_is_grid_jobs(default_plan):
+    """The default grid's plan, a teacher per seed (teacher.seed: per_seed), job by job."""
+    assert DEFAULT["teacher"].get("seed", "per_seed") == "per_seed" and len(DEFAULT["seeds"]) > 1
+    assert_plan_is_grid_jobs(default_plan[1].stdout, DEFAULT)
+
+
+def test_replicated_and_pretrained_teachers_are_grid_jobs(tmp_path):
+    """A grid of three sizes: one trained (a teacher per seed), one pretrained checkpoint file and one with
+    `teachers.<size>.replicates` (a checkpoint file per seed): the plan is grid.jobs, job by job, each
+    teacher job reading its own file."""
+    config = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
+    files = [tmp_path / name for name in ("one.safetensors", "rep0.safetensors", "rep1.safetensors")]
+    for i, file in enumerate(files):
+        file.write_bytes(bytes([i]) * 16)  # not the same checkpoint twice
+    config.update(sizes=["micro", "deit", "regvit"], seeds=[0, 1], targets=["synthetic_b"], teachers={
+        "deit": {"model": "deit_tiny_patch16_224", "file": str(files[0])},
+        "regvit": {"model": "vit_base_patch16_224", "replicates": [{"file": str(f)} for f in files[1:]]}})
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
+    out = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(tmp_path / "grid.yaml"))
+    teachers = {job.name: job.reads for job in grid.jobs(config) if job.rule.startswith("teacher")}
+    assert teachers == {"teacher micro/seed0": ("results/data/synthetic",), "teacher micro/seed1": ("results/data/synthetic",),
+                        "teacher_pretrained deit": (str(files[0]),),
+                        "teacher_replicate regvit/seed0": (str(files[1]),),
+                        "teacher_replicate regvit/seed1": (str(files[2]),)}
+    assert_plan_is_grid_jobs(out.stdout, config)
 
 
 def test_shell_commands_take_paths_from_declared_files_only():

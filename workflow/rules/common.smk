@@ -14,7 +14,7 @@ import shlex
 
 from linvit import grid
 from linvit.config import CHECKPOINTS, NO_DESIGN, checkpoint, design_specs, kd_reference, teacher_design, trained_sizes
-from linvit.grid import all_cells
+from linvit.sizes import size_factor  # SIZE_SCALE lives there: `linvit status` scales job times by it too
 
 try:  # where Snakemake looks for a callable's parameters before it inspects its signature
     from snakemake.common import FUNC_OVERWRITE_PARAMS_ATTR
@@ -31,7 +31,14 @@ def planned(fn):
     return fn
 
 
-CELLS = all_cells(config)
+# The operator benchmark is not part of `all` (it should run on an otherwise idle machine), so the
+# report takes its CSV as an input only when it exists when the workflow is parsed: then a newer CSV
+# reruns the report, and its scaling figure is a declared output. Without it the report has no
+# scaling section and declares no scaling figure; `snakemake benchmark` followed by `snakemake`
+# adds both (the report reruns because its set of inputs changed).
+WITH_BENCHMARK = os.path.exists(grid.operator_benchmark_path())
+# The one list of the grid's jobs (linvit.grid.jobs, what `linvit status` follows), the report's last.
+JOBS = grid.jobs(config, with_benchmark=WITH_BENCHMARK)
 TEACHER = config.get("teacher", {})
 TRAINED_SIZES = trained_sizes(config)  # teachers the harness trains; the other sizes are loaded
 LOADED_SIZES = [s for s in config["sizes"] if s not in TRAINED_SIZES]
@@ -88,32 +95,19 @@ def input_keys(dataset):
 
 # Resources per rule. `resources:` in the config gives each rule's threads, mem_mb, runtime
 # (minutes) and gpu for the smallest model (micro) on a first attempt; a job of a larger size gets
-# them times its size's factors (SIZE_SCALE, overridden per size by `resources.scale`), and a job
+# them times its size's factors (linvit.sizes.SIZE_SCALE, overridden per size by `resources.scale`), and a job
 # Snakemake retries (--retries, the Slurm profile's 2) gets mem_mb and runtime times its attempt
 # (a job Slurm killed for time or memory comes back with more; it resumes from its checkpoint/).
 # On a cluster these become sbatch's --cpus-per-task, --mem, -t and --gpus; locally, threads are
 # capped by --cores and the rest constrain nothing unless --resources names them.
-SIZE_SCALE = {
-    "micro": {"threads": 1, "mem_mb": 1, "runtime": 1},
-    "mini": {"threads": 2, "mem_mb": 1.5, "runtime": 4},
-    "deit_tiny": {"threads": 4, "mem_mb": 4, "runtime": 16},
-    "deit_small": {"threads": 8, "mem_mb": 6, "runtime": 48},
-    "deit_base": {"threads": 8, "mem_mb": 12, "runtime": 160},
-}
 GROWS_WITH_ATTEMPT = ("mem_mb", "runtime")
-
-
-def size_factor(size, key):
-    """How much more of `key` a job on a model of `size` needs than one on micro."""
-    scale = {**SIZE_SCALE.get(size, {}), **config.get("resources", {}).get("scale", {}).get(size, {})}
-    return scale.get(key, 1)
 
 
 def resource_value(rule_name, key, default, size=None, attempt=1):
     """The value of resource `key` for a job of `rule_name` on a model of `size`, at `attempt`."""
     value = config.get("resources", {}).get(rule_name, {}).get(key, default)
     if size is not None and value:
-        value = value * size_factor(size, key)
+        value = value * size_factor(config, size, key)
     if key in GROWS_WITH_ATTEMPT:
         value = value * attempt
     return max(1, round(value)) if value else 0
@@ -232,27 +226,10 @@ def distilled_option(wc, input):
     return " ".join(options)
 
 
-# The operator benchmark is not part of `all` (it should run on an otherwise idle machine), so the
-# report takes its CSV as an input only when it exists when the workflow is parsed: then a newer CSV
-# reruns the report, and its scaling figure is a declared output. Without it the report has no
-# scaling section and declares no scaling figure; `snakemake benchmark` followed by `snakemake`
-# adds both (the report reruns because its set of inputs changed).
-WITH_BENCHMARK = os.path.exists(grid.operator_benchmark_path())
-
-
 def report_inputs(wc):
-    """Everything the report reads: per cell its metrics, training log (curves), evaluation and the
-    benchmark TSVs of its jobs (the cost section), the teachers' and distillations' benchmark TSVs,
-    and the operator benchmark's CSV if there is one. Logs are read only for a missing cell, which
-    the report rule never sees (it waits for every cell; see onerror and report_from_results)."""
-    inputs = []
-    for cell in CELLS:
-        run = cell.run_dir()
-        inputs += [f"{run}/metrics.json", f"{run}/train.jsonl", f"{run}/eval.json",
-                   str(cell.benchmark_path("students"))]
-        if cell.distills:
-            inputs.append(grid.benchmark_path("distill", cell.distill_key))
-    inputs += [grid.benchmark_path("teacher", key) for key in grid.teacher_keys(config)]
-    if WITH_BENCHMARK:
-        inputs.append(grid.operator_benchmark_path())
-    return sorted(set(inputs))
+    """Everything the report reads that a job writes (linvit.grid.report_reads: per cell its metrics,
+    training log, evaluation, predictions and benchmark TSV, the teachers' and distillations' benchmark
+    TSVs, ...): the report job's `reads` in grid.jobs. `rule all` asks for them too, so a file deleted
+    after the grid finished is a missing target: the next `snakemake` runs its job again, and the report
+    after it (Snakemake tolerates a missing input of a job whose outputs are up to date)."""
+    return list(JOBS[-1].reads)

@@ -86,8 +86,9 @@ rule report_from_results:
 
 
 onerror:
-    # A failed cell (under --keep-going) still leaves a report that lists it as missing, and why.
-    if any(cell.run_dir().joinpath("eval.json").exists() for cell in CELLS):
+    # A failed cell (under --keep-going) still leaves a report that lists it as missing, and why: made
+    # when some cell's job (grid.jobs) wrote all its files.
+    if any(job.evaluates and all(os.path.exists(path) for path in job.outputs) for job in JOBS):
         import subprocess
 
         partial = grid.log_path("report", "partial")

@@ -50,3 +50,12 @@ rule all:
     input:
         rules.report.output,
         report_inputs,
+
+
+# The run's record for `linvit status` (linvit/runrecord.py): the config as merged here, the host, this
+# process, the executor. Snakemake calls this once it has jobs to run: not in a dry run, not inside
+# cluster jobs (they run with --no-hooks).
+onstart:
+    from linvit.runrecord import write_record
+
+    write_record(config, workflow)

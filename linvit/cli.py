@@ -155,15 +155,21 @@ def cmd_report(args):
 def cmd_status(args):
     from pathlib import Path
 
-    from .config import load_config, validate
+    from .config import validate
     from .decide import current_config, status_lines
-    from .status import collect, render
+    from .runrecord import read_record
+    from .status import collect, render, status_config
 
-    config = validate(load_config(args.config))
     if not Path(args.directory).is_dir():
         raise ValueError(f"--directory {args.directory}: no such folder (the project folder Snakemake runs in)")
+    # What the run is, as its record says (the config Snakemake merged); a config given here is for a grid
+    # not yet started (or to read a run as another config would see it).
+    record = read_record(args.directory)
+    config, name = status_config(args.configfile, args.config, record)
+    config = validate(config)
     # A sequential run (linvit decide): its current look's jobs, and where the looks stand.
-    text = render(collect(current_config(config, args.directory), args.directory), args.config, every=args.every)
+    grid = collect(current_config(config, args.directory), args.directory, record=record)
+    text = render(grid, name, every=args.every)
     lines = status_lines(config, args.directory)
     print(text + "".join(f"\n{line}" for line in lines) + ("\n" if lines else ""), end="")
 
@@ -290,8 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="where a grid stands, during or after a run: per rule its jobs finished, "
                                            "running, interrupted, failed (with the log's error line), blocked and "
                                            "to run; the time so far and an estimate of what remains")
-    status.add_argument("--config", default="workflow/config/default.yaml",
-                        help="the grid's config (default: workflow/config/default.yaml)")
+    status.add_argument("--configfile", nargs="+", metavar="FILE",
+                        help="for a grid not yet started: its config files, merged as Snakemake merges them "
+                             "(default: the config the last run recorded, else workflow/config/default.yaml)")
+    status.add_argument("--config", nargs="+", metavar="KEY=VALUE",
+                        help="overrides over the config files, as Snakemake's --config takes them")
     status.add_argument("--directory", "-d", default=".", help="the project folder Snakemake runs in (default: here)")
     status.add_argument("--all", dest="every", action="store_true",
                         help="list every job of each rule (default: those running, interrupted, failed or blocked)")

@@ -34,3 +34,22 @@ def size_spec(size: str) -> dict:
         return SIZES[size]
     except KeyError:
         raise ValueError(f"unknown model size {size!r}; known sizes: {', '.join(SIZES)}") from None
+
+
+# Resources by size: a job on a model of a larger size gets its rule's `resources:` (set for micro) times
+# these factors (workflow/rules/common.smk's resource_value); `linvit status` scales a job's time from
+# another size's by `runtime`. A config overrides them per size with `resources.scale`.
+SIZE_SCALE: dict[str, dict[str, float]] = {
+    "micro": {"threads": 1, "mem_mb": 1, "runtime": 1},
+    "mini": {"threads": 2, "mem_mb": 1.5, "runtime": 4},
+    "deit_tiny": {"threads": 4, "mem_mb": 4, "runtime": 16},
+    "deit_small": {"threads": 8, "mem_mb": 6, "runtime": 48},
+    "deit_base": {"threads": 8, "mem_mb": 12, "runtime": 160},
+}
+
+
+def size_factor(config: dict, size: str, key: str) -> float:
+    """How much more of `key` a job on a model of `size` needs than one on micro (config `resources.scale`
+    over SIZE_SCALE)."""
+    scale = {**SIZE_SCALE.get(size, {}), **(config.get("resources") or {}).get("scale", {}).get(size, {})}
+    return scale.get(key, 1)

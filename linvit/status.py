@@ -1,55 +1,68 @@
 """`linvit status`: where a grid stands, during or after a run (local or Slurm), read from its files.
 
-The jobs are `linvit.grid.jobs(config)`, the list the workflow's DAG is checked against
-(tests/test_workflow.py), so a rule added to or removed from the workflow is one change there. Each
-job is, in this order:
+What the run is comes from the record the workflow writes when it starts (linvit.runrecord: the config
+as Snakemake merged it, the host, the process, the executor); a config given on the command line is for
+a grid not yet started. The jobs are `linvit.grid.jobs(config)`, the list the workflow's DAG is checked
+against (tests/test_workflow.py). Each job is, in this order:
 
-    finished     every output it declares exists, Snakemake does not mark one incomplete, and no job
-                 it reads failed
-    running      a process of this machine runs its command (which names its log), or Slurm holds
-                 its job (squeue), or, where neither can be asked, Snakemake runs and has started it
+    finished     every output it declares exists, Snakemake does not mark one incomplete, and every job
+                 it reads finished
+    running      a process of this machine runs its command (which names its log), or Slurm runs its
+                 job (squeue), or, where neither can be asked, the Snakemake that started it runs
+    queued       Slurm holds its job, waiting to start (PENDING, ...): neither running nor in the time so
+                 far; its wait is shown apart
     interrupted  Snakemake started it (.snakemake/incomplete/) and nothing runs it: a killed run; the
                  next `snakemake` runs it again, from its checkpoint where it has one
-    failed       its log exists, its outputs do not: the log's error line (linvit.report.aggregate reads it)
-    blocked      it waits for a job that failed (or is blocked): Snakemake runs it only once that is fixed
-                 (a report written under --keep-going from the cells that finished is blocked too)
-    to run       none of these yet
+    blocked      a job it reads failed, is blocked, or lost outputs it made before: it runs only once that
+                 is fixed (checked before its own log: an old log of a job whose inputs went is no failure)
+    failed       its log exists and its outputs do not: the log's error line; for a Slurm job, Slurm's
+                 state (TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, CANCELLED, ...), its attempt and its Slurm log
+    to run       none of these yet (a job that lost some outputs and whose log names no error is to run:
+                 the next `snakemake` makes them again)
 
 A job Snakemake would rerun for a changed config, its outputs being there, counts as finished here
 (`snakemake -n` says what it would rerun).
 
 Time so far: the finished jobs' wall-clock seconds from their Snakemake benchmark files
-(results/benchmarks/<rule>/...tsv, `read_benchmark`), and the running jobs' time since Snakemake
-started them. What remains is estimated per job from the finished jobs of its rule: the mean of
-those with the same init strategy, design and budget, else the same budget, else the whole rule's;
-a running job's estimate less the time it has run (at least 0). Failed and blocked jobs are left out
-(they run only once fixed), and a job of a rule with no finished job yet has no estimate (said).
+(results/benchmarks/<rule>/...tsv, linvit.jobfiles.read_benchmark), and the running jobs' time since
+they started (Slurm's start time, else Snakemake's mark). What remains is estimated per job from the
+finished jobs of its kind (estimate_keys: its rule and size, then dataset, variant, init, design and
+budget where the grid varies them), from the closest kind that finished; a kind no job of its size has
+finished is scaled from other sizes by the rules' runtime factors (linvit.sizes.size_factor); a running
+job's estimate less the time it has run (at least 0). Queue wait is apart: Slurm's submit and start
+times. GPU-hours: wall-clock times the job's `gpu` resource (the config's `resources:` and the run's
+--set-resources). Failed and blocked jobs are left out (they run only once fixed).
 
-Torch-free and quick: the config, the grid, and file and process listings.
+Torch- and pandas-free and quick (a 4,000-job tree in well under 5 s: `linvit bench status`): the config,
+the grid, file and process listings, and at most three Slurm commands (squeue; sacct or scontrol).
 """
 
 from __future__ import annotations
 
-import base64
-import getpass
 import json
 import math
 import os
 import re
-import shutil
-import subprocess
+import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from .grid import Job, jobs, operator_benchmark_path
-from .report.aggregate import _log_line as log_line, read_benchmark  # a failed job's error line; benchmark TSVs
+import yaml
 
-STATES = ("finished", "running", "interrupted", "failed", "blocked", "to run")
-SNAKEMAKE = ".snakemake"
+from .config import ConfigError, load_config
+from .grid import Job, jobs, operator_benchmark_path
+from .jobfiles import log_line, read_benchmark
+from .sizes import size_factor
+from .status_machine import Snakemake, incomplete_markers, is_snakemake, processes
+from .status_slurm import SLURM_LOGS, SlurmJob, ended, killed_by, slurm_logs, squeue, wildcards_of
+
+STATES = ("finished", "running", "queued", "interrupted", "failed", "blocked", "to run")
+TODO = ("running", "queued", "interrupted", "to run")  # the states an estimate counts
 PROGRESS = re.compile(r"\bstep (\d+)/(\d+)\b")  # linvit.train's progress lines in a job's log
-LOG_TOKEN = re.compile(r"[^\s'\"<>|;&()]+\.log")  # a path ending in .log in a command line
-SLURM_WAITING = ("PENDING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED")
+# The config section of `resources:` that gives each rule's `gpu` (the rules that take one).
+DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "workflow" / "config" / "default.yaml")
+GPU_RESOURCE = {"teacher": "teacher", "distill": "distill", "student": "student", "reference": "student"}
 
 
 @dataclass
@@ -59,20 +72,12 @@ class JobStatus:
     detail: str = ""           # the error line, the progress, what it waits for
     seconds: float = math.nan  # finished: its benchmark's wall-clock s; running: since it started
     remaining: float = math.nan  # the estimate of what it still takes (nan: none, or not counted)
-
-
-@dataclass
-class Snakemake:
-    """What this machine says of Snakemake in the project folder."""
-
-    pids: list[int] = field(default_factory=list)  # Snakemake processes working in it
-    started: float | None = None                   # when the oldest of them started (unix time)
-    locked: bool = False                           # .snakemake/locks holds locks
-    processes_known: bool = True                   # whether /proc could be read
-
-    @property
-    def running(self) -> bool:
-        return bool(self.pids) if self.processes_known else self.locked
+    scaled: bool = False       # the estimate comes from another size, scaled by the size factors
+    queued: float = math.nan   # Slurm: seconds it waited in the queue (so far, for a queued job)
+    gpus: int = 0              # its `gpu` resource
+    slurm: SlurmJob | None = None  # its Slurm job now (or the last one, for a failed job)
+    attempt: int = 1           # Slurm submissions of it in this run (a retried job: 2, 3, ...)
+    slurm_log: str = ""        # the plugin's log of its Slurm job
 
 
 @dataclass
@@ -81,6 +86,7 @@ class GridStatus:
     jobs: list[JobStatus]
     snakemake: Snakemake
     now: float
+    slurm_known: bool = True  # squeue could be asked (when jobs went to Slurm)
 
     def of(self, state: str) -> list[JobStatus]:
         return [j for j in self.jobs if j.state == state]
@@ -90,70 +96,211 @@ class GridStatus:
         return list(dict.fromkeys(j.job.rule for j in self.jobs))
 
 
-def collect(config: dict, root: str | Path = ".", *, slurm: bool = True) -> GridStatus:
+def status_config(configfiles: list[str] | None, overrides: list[str] | None, record: dict | None) -> tuple[dict, str]:
+    """The config `linvit status` reads, and its name for the title: the config files merged as Snakemake
+    merges them (each over the one before, key by key), then the KEY=VALUE overrides; with none given, the
+    config the last run recorded, else the embedded default (as `snakemake` with no --configfile)."""
+    if overrides:
+        bad = next((o for o in overrides if "=" not in o), None)
+        if bad is not None:
+            hint = f"; a config file is --configfile {bad}" if bad.endswith((".yaml", ".yml", ".json")) else ""
+            raise ConfigError(f"--config {bad}: not KEY=VALUE (overrides, as Snakemake's --config takes them){hint}")
+    if not configfiles and not overrides and record is not None:
+        given = [Path(f).name for f in record.get("configfiles") or []] or ["default.yaml"]
+        given += [f"{k}={json.dumps(v)}" for k, v in (record.get("overrides") or {}).items()]
+        return record["config"], f"{' + '.join(given)} (as its run recorded)"
+    config: dict = {}
+    for path in configfiles or [DEFAULT_CONFIG]:
+        _update(config, load_config(path))
+    for entry in overrides or []:
+        key, value = entry.split("=", 1)
+        _update(config, {key: _parse_value(value)})
+    name = " + ".join([*(Path(f).name for f in configfiles or [DEFAULT_CONFIG]), *(overrides or [])])
+    return config, name
+
+
+def _update(config: dict, over: dict) -> dict:
+    """snakemake.utils.update_config: `over` into `config`, mappings merged key by key."""
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            _update(config[key], value)
+        else:
+            config[key] = value
+    return config
+
+
+def _parse_value(text: str):
+    """A --config value as Snakemake parses it (snakemake.cli.parse_config): int, float, True/False, then
+    YAML's base loader (strings, lists, mappings of strings), else the text."""
+    if text == "":
+        return None
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return yaml.load(text, Loader=yaml.BaseLoader)
+    except yaml.YAMLError:
+        return text
+
+
+def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record: dict | None = None) -> GridStatus:
     """The status of every job of `config`'s grid in the project folder `root` (Snakemake's working
-    directory). `slurm`: whether to ask squeue about jobs Snakemake submitted to Slurm."""
+    directory). `slurm`: whether to ask Slurm about jobs Snakemake submitted to it. `record`: the run's
+    record (linvit.runrecord), for its host, process, executor and --set-resources."""
     root = Path(root).resolve()
     now = time.time()
     with_benchmark = (root / operator_benchmark_path()).exists()
     planned = jobs(config, with_benchmark=with_benchmark)
     markers = incomplete_markers(root)
-    logs, snakemake = _processes(root)
-    slurm_ids = {jobid for jobid, _ in markers.values() if jobid}
-    queue = _squeue() if slurm and slurm_ids else None
+    logs, snakemake = processes(root)
+    snakemake.record = record
+    if record and record.get("host") == socket.gethostname() and is_snakemake(record.get("pid")):
+        snakemake.pids = sorted({*snakemake.pids, int(record["pid"])})
+    logdir = Path((record or {}).get("slurm_logdir") or root / SLURM_LOGS)
+    slurm_index = slurm_logs(logdir) if slurm else {}
+    marked_ids = {jobid for jobid, _ in markers.values() if jobid}
+    head_id = str((record or {}).get("slurm_head_job") or "")
+    queue = squeue() if slurm and (marked_ids or slurm_index or head_id) else None
+    if queue is not None:
+        snakemake.alive_jobs = sorted(j.id for j in queue.values() if j.id != head_id and (
+            j.id in marked_ids or Path(j.workdir or "/").resolve() == root))
+        snakemake.head = queue.get(head_id)
+    run_start = float((record or {}).get("started") or 0)
     by_name: dict[str, JobStatus] = {}
+    failed_slurm: list[JobStatus] = []
     for job in planned:
-        status = JobStatus(job)
+        status = JobStatus(job, gpus=_gpus(config, record, job.rule))
         marked = [markers[out] for out in job.outputs if out in markers]
-        stopped = [by_name[n] for n in job.needs if by_name[n].state in ("failed", "blocked")]
-        if all((root / out).exists() for out in job.outputs) and not marked and not stopped:
+        present = [(root / out).exists() for out in job.outputs]
+        needs = [by_name[n] for n in job.needs if n in by_name]
+        unfinished = [s for s in needs if s.state != "finished"]
+        attempts = slurm_index.get((job.rule, wildcards_of(job.key)), []) if slurm_index else []
+        if all(present) and not marked and not unfinished:
             status.state = "finished"
             status.seconds = read_benchmark(root / job.benchmark)["wall_s"] if job.benchmark else math.nan
         elif job.log in logs or marked:
+            current = next((i for i, _ in marked if i), None)  # its Slurm job, if it went to Slurm
+            this_run = {str(i) for i, _, mtime in attempts if mtime >= run_start} | ({current} if current else set())
+            status.attempt = max(1, len(this_run))
+            status.slurm_log = next((str(p) for i, p, _ in attempts if str(i) == current), "")
             _started(status, root, marked, job.log in logs, queue, snakemake, now)
-        elif (root / job.log).exists():
-            _, line = log_line(root / job.log)
-            status.state, status.detail = "failed", line or f"no error line in its log ({job.log})"
-        elif stopped:  # its outputs, if any, were written without them (the report under --keep-going)
+        elif unfinished and (stopped := [s for s in unfinished if _stops(s)]):
             status.state = "blocked"
-            status.detail = "waits for " + ", ".join(
-                s.job.name if s.state == "failed" else f"{s.job.name} (blocked)" for s in stopped[:2]) + (
+            status.detail = "waits for " + ", ".join(_why(s) for s in stopped[:2]) + (
                 f" and {len(stopped) - 2} more" if len(stopped) > 2 else "")
+        elif unfinished:  # what it reads is on its way: Snakemake runs it after (an old log of it says nothing)
+            status.detail = f"after {unfinished[0].job.name}" + (f" and {len(unfinished) - 1} more"
+                                                                   if len(unfinished) > 1 else "")
+        elif (root / job.log).exists() or attempts:
+            _, line = log_line(root / job.log)
+            if any(present) and not line:  # it made them once, some went since: the next snakemake remakes them
+                missing = [Path(out).name for out, there in zip(job.outputs, present) if not there]
+                status.detail = f"lost {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else "") + (
+                    " (its log names no error): the next snakemake makes them again")
+            else:
+                status.state, status.detail = "failed", line
+                if attempts:
+                    status.attempt = max(1, sum(mtime >= run_start for _, _, mtime in attempts))
+                    jobid, path, _ = attempts[-1]
+                    status.slurm, status.slurm_log = SlurmJob(str(jobid), killed_by(path)), str(path)
+                    failed_slurm.append(status)
+                elif not line:
+                    status.detail = f"no error line in its log ({job.log})"
         by_name[job.name] = status
-    grid = GridStatus(root, list(by_name.values()), snakemake, now)
-    _estimate(grid)
+    _slurm_ends(failed_slurm, slurm)
+    grid = GridStatus(root, list(by_name.values()), snakemake, now, slurm_known=queue is not None or not marked_ids)
+    _estimate(grid, config)
     return grid
 
 
-def _started(status: JobStatus, root: Path, marked: list, has_process: bool, queue, snakemake: Snakemake,
-             now: float) -> None:
-    """A job Snakemake started or a process runs: running or interrupted, with its progress."""
+def _stops(status: JobStatus) -> bool:
+    """Whether a job behind `status` waits for a fix rather than for it to run: it failed, is blocked, or
+    lost outputs it made."""
+    return status.state in ("failed", "blocked") or status.detail.startswith("lost ")
+
+
+def _why(status: JobStatus) -> str:
+    if status.state == "failed":
+        return status.job.name
+    return f"{status.job.name} ({'blocked' if status.state == 'blocked' else status.detail.split(' (')[0]})"
+
+
+def _slurm_ends(failed: list[JobStatus], ask: bool) -> None:
+    """The failed Slurm jobs' end as Slurm remembers it (sacct, else scontrol), their logs' word otherwise."""
+    known = ended({s.slurm.id for s in failed}) if ask and failed else {}
+    for s in failed:
+        slurm = known.get(s.slurm.id)
+        if slurm is not None and slurm.state:  # else what its log says (killed_by), if anything
+            s.slurm = slurm
+        said = [f"Slurm job {s.slurm.id} {s.slurm.state or 'ended'}"]
+        if s.attempt > 1:
+            said.append(f"attempt {s.attempt}")
+        said.append(f"Slurm log {s.slurm_log}")
+        s.detail = "; ".join([*said, *([s.detail] if s.detail else [])])
+
+
+def _gpus(config: dict, record: dict | None, rule: str) -> int:
+    """A job's `gpu` resource: the run's --set-resources, else the config's `resources:` (0 where its rule takes none)."""
+    if rule not in GPU_RESOURCE:
+        return 0
+    given = ((record or {}).get("set_resources") or {}).get(rule, {}).get("gpu")
+    if given is None:
+        given = ((config.get("resources") or {}).get(GPU_RESOURCE[rule]) or {}).get("gpu", 0)
+    try:
+        return int(given)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _started(status: JobStatus, root: Path, marked: list, has_process: bool, queue: dict | None,
+             snakemake: Snakemake, now: float) -> None:
+    """A job Snakemake started or a process runs: running, queued or interrupted, with its progress."""
     job = status.job
     slurm_id = next((jobid for jobid, _ in marked if jobid), None)
     since = min((start for _, start in marked), default=None)
     progress = _progress(root / job.log)
+    alive = snakemake.running
+    slurm = queue.get(slurm_id) if slurm_id and queue is not None else None
     if has_process:
-        running, how = True, "runs here"
-    elif slurm_id and queue is not None:
-        state = queue.get(slurm_id)
-        running = state is not None or snakemake.running
-        how = (f"Slurm job {slurm_id} {state.lower()}" if state else
-               f"Slurm job {slurm_id} ended; Snakemake has yet to collect it" if running else
-               f"Slurm job {slurm_id} ended")
-        if state in SLURM_WAITING:
-            progress = ""
+        state, how = "running", "runs here"
+    elif slurm is not None:
+        status.slurm = slurm
+        if slurm.waiting:
+            state, progress = "queued", ""
+            status.queued = now - slurm.submitted if slurm.submitted else math.nan
+            how = f"Slurm job {slurm_id} {slurm.state.lower()}" + (f" ({slurm.reason})" if slurm.reason else "") + (
+                f" for {duration(status.queued)}" if not math.isnan(status.queued) else "")
+        else:
+            state = "running"
+            since = slurm.started or since
+            status.queued = slurm.queue_wait if slurm.queue_wait is not None else math.nan
+            how = f"Slurm job {slurm_id} {slurm.state.lower()}" + (f" on {slurm.node}" if slurm.node else "")
+    elif slurm_id and queue is not None:  # Slurm no longer holds it
+        state = "running" if alive is not False else "interrupted"
+        how = (f"Slurm job {slurm_id} ended; Snakemake has yet to collect it" if alive else
+               f"Slurm job {slurm_id} ended; Snakemake, on {snakemake.host}, collects it if it runs"
+               if alive is None else f"Slurm job {slurm_id} ended")
     else:  # no process of this machine runs it: is the Snakemake that started it still there?
-        running = snakemake.running and (slurm_id is not None or not snakemake.processes_known)
-        how = f"Slurm job {slurm_id}" if slurm_id else ""
-    status.state = "running" if running else "interrupted"
-    if running:
+        seen = alive is None or (alive and (slurm_id is not None or not snakemake.processes_known))
+        state = "running" if seen else "interrupted"
+        how = f"Slurm job {slurm_id}" if slurm_id else (
+            f"started by Snakemake on {snakemake.host}, whose processes this machine cannot see"
+            if alive is None and snakemake.elsewhere else "")
+    status.state = state
+    if state == "running":
         status.seconds = now - since if since is not None else math.nan
     parts = [how] if how else []
+    if status.attempt > 1:
+        parts.append(f"attempt {status.attempt}")
     if progress:
-        parts.append(f"at {progress}" if running else f"stopped at {progress}")
-    if not running:
+        parts.append(f"at {progress}" if state == "running" else f"stopped at {progress}")
+    if state == "interrupted":
         trains = any(out.endswith("/train.jsonl") for out in job.outputs)
-        parts.append(("Snakemake, running, may start it again" if snakemake.running else "the next snakemake runs it again")
+        parts.append(("Snakemake, running, may start it again" if alive else "the next snakemake runs it again")
                      + (", from its last checkpoint if it made one" if trains else ""))
     status.detail = "; ".join(parts)
 
@@ -171,125 +318,50 @@ def _progress(log: Path) -> str:
     return f"step {found[-1][0]}/{found[-1][1]}" if found else ""
 
 
-def _estimate(grid: GridStatus) -> None:
-    """Each unfinished job's remaining seconds from the finished jobs of its rule (see the module's doc)."""
-    groups: dict[tuple, list[float]] = {}
+def _estimate(grid: GridStatus, config: dict) -> None:
+    """Each unfinished job's remaining seconds from the finished jobs of its kind (see the module's doc)."""
+    same: dict[tuple, list[float]] = {}    # by kind, within a size
+    scaled: dict[tuple, list[float]] = {}  # by kind across sizes: seconds over the size's runtime factor
+    factor = {size: float(size_factor(config, size, "runtime")) or 1.0 for size in config.get("sizes", [])}
     for s in grid.jobs:
         if s.state == "finished" and not math.isnan(s.seconds):
-            for key in _estimate_keys(s.job):
-                groups.setdefault(key, []).append(s.seconds)
+            size = _size(s.job)
+            for key in estimate_keys(s.job):
+                same.setdefault((size, *key), []).append(s.seconds)
+                scaled.setdefault(key, []).append(s.seconds / factor.get(size, 1.0))
     for s in grid.jobs:
-        if s.state not in ("running", "interrupted", "to run"):
+        if s.state not in TODO:
             continue
-        found = next((groups[k] for k in _estimate_keys(s.job) if k in groups), None)
+        size = _size(s.job)
+        keys = estimate_keys(s.job)
+        found = next((same[(size, *k)] for k in keys if (size, *k) in same), None)
+        if found is None:
+            found = next(([v * factor.get(size, 1.0) for v in scaled[k]] for k in keys if k in scaled), None)
+            s.scaled = found is not None
         if found is None:
             continue
         mean = sum(found) / len(found)
         s.remaining = max(0.0, mean - s.seconds) if s.state == "running" and not math.isnan(s.seconds) else mean
 
 
-def _estimate_keys(job: Job) -> list[tuple]:
-    """From the closest group of finished jobs to the whole rule."""
+def _size(job: Job) -> str:
+    if job.cell is not None:
+        return job.cell.size
+    return job.key.split("/")[0] if job.rule.startswith("teacher") else ""
+
+
+def estimate_keys(job: Job) -> list[tuple]:
+    """A job's kinds, from the closest to its whole rule (its size is added by the caller): the cell's
+    dataset, variant, init strategy, design and budget, then fewer of them; a job without a cell (the
+    shards, a teacher, the report) is its rule (and the shards' dataset)."""
     cell = job.cell
     if cell is None:
-        return [(job.rule,)]
-    return [(job.rule, cell.init, cell.design, cell.budget), (job.rule, cell.budget), (job.rule,)]
-
-
-# -- what Snakemake and this machine say --------------------------------------------------------------
-
-def incomplete_markers(root: Path) -> dict[str, tuple[str | None, float]]:
-    """Snakemake's marks of started, unfinished jobs: {output path: (the Slurm job id or None, when it
-    started)}. Snakemake (its file persistence) writes one file per output of a job it starts, named by
-    the output's path in URL-safe base64, split into folders of at most NAME_MAX characters (all but the
-    last prefixed with '@'), holding {"external_jobid": ...}; it removes them when the job ends."""
-    folder = root / SNAKEMAKE / "incomplete"
-    found = {}
-    if not folder.is_dir():
-        return found
-    for path in folder.rglob("*"):
-        if not path.is_file() or path.name == "migration_underway":
-            continue
-        encoded = "".join(part.removeprefix("@") for part in path.relative_to(folder).parts)
-        try:
-            output = base64.urlsafe_b64decode(encoded.encode()).decode()
-            started = path.stat().st_mtime
-        except (ValueError, UnicodeDecodeError, OSError):
-            continue
-        try:
-            jobid = json.loads(path.read_text() or "{}").get("external_jobid")
-        except (OSError, ValueError, AttributeError):
-            jobid = None
-        found[output] = (str(jobid) if jobid else None, started)
-    return found
-
-
-def _processes(root: Path) -> tuple[set[str], Snakemake]:
-    """The job logs that command lines of this machine's processes name (a job's shell command redirects
-    into its log; a `linvit` command among its words, so that `tail -f` on a log does not count), and
-    the Snakemake processes working in `root`. Without /proc: nothing, and Snakemake judged by its locks."""
-    locks = root / SNAKEMAKE / "locks"
-    snakemake = Snakemake(locked=locks.is_dir() and any(locks.iterdir()))
-    logs: set[str] = set()
-    proc = Path("/proc")
-    if not (proc / "self" / "cmdline").exists():
-        snakemake.processes_known = False
-        return logs, snakemake
-    me, starts = os.getpid(), []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            args = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
-        except OSError:
-            continue
-        try:
-            cwd = Path(os.readlink(entry / "cwd"))
-        except OSError:
-            cwd = None
-        if not args:
-            continue
-        words = " ".join(args)
-        if cwd == root and any(Path(a).name == "snakemake" or a == "snakemake" for a in args[:3]):
-            snakemake.pids.append(int(entry.name))
-            starts.append(_process_start(entry))
-        if "linvit" not in words:
-            continue
-        for token in LOG_TOKEN.findall(words):
-            path = Path(token)
-            if path.is_absolute():
-                if path.is_relative_to(root):
-                    logs.add(path.relative_to(root).as_posix())
-            elif cwd == root:
-                logs.add(path.as_posix())
-    known = [s for s in starts if s is not None]
-    snakemake.started = min(known) if known else None
-    return logs, snakemake
-
-
-def _process_start(entry: Path) -> float | None:
-    """When a process started (unix time), from /proc/<pid>/stat and the boot time."""
-    try:
-        ticks = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def _squeue() -> dict[str, str] | None:
-    """{Slurm job id: state} of this user's jobs Slurm holds; None where squeue is not there or fails."""
-    if shutil.which("squeue") is None:
-        return None
-    try:
-        out = subprocess.run(["squeue", "-h", "-o", "%i %T", "-u", getpass.getuser()], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+        return [(job.rule, job.key), (job.rule,)] if job.rule == "shards" else [(job.rule,)]
+    rule = job.rule
+    return [(rule, cell.dataset, cell.variant, cell.init, cell.design, cell.budget),
+            (rule, cell.dataset, cell.init, cell.design, cell.budget),
+            (rule, cell.dataset, cell.budget), (rule, cell.init, cell.design, cell.budget), (rule, cell.budget),
+            (rule,)]
 
 
 # -- the text ---------------------------------------------------------------------------------------
@@ -320,8 +392,8 @@ def _table(header: list[str], rows: list[list[str]], right: set[int]) -> list[st
 
 
 def render(grid: GridStatus, config_name: str = "", every: bool = False) -> str:
-    """The summary, a table of the rules, then per rule its jobs that are running, interrupted, failed or
-    blocked (with `every`, all its jobs)."""
+    """The summary, a table of the rules, then per rule its jobs that are running, queued, interrupted,
+    failed or blocked (with `every`, all its jobs)."""
     lines = []
     counts = {state: len(grid.of(state)) for state in STATES}
     title = f"Grid {config_name} in {grid.root}" if config_name else f"Grid in {grid.root}"
@@ -334,6 +406,7 @@ def render(grid: GridStatus, config_name: str = "", every: bool = False) -> str:
         so_far += f", {duration(_total(j.seconds for j in running))} in the {len(running)} running"
     lines.append(so_far)
     lines.append(_remaining_line(grid))
+    lines += _queue_lines(grid) + _gpu_lines(grid)
     lines.append("")
     header = ["rule", "jobs", *STATES, "time so far", "per job", "remaining"]
     rows = []
@@ -341,7 +414,7 @@ def render(grid: GridStatus, config_name: str = "", every: bool = False) -> str:
         mine = [j for j in grid.jobs if j.job.rule == rule]
         finished = [j.seconds for j in mine if j.state == "finished"]
         known = [s for s in finished if not math.isnan(s)]
-        todo = [j for j in mine if j.state in ("running", "interrupted", "to run")]
+        todo = [j for j in mine if j.state in TODO]
         left = _total(j.remaining for j in todo)
         unknown = sum(math.isnan(j.remaining) for j in todo)
         rows.append([rule, len(mine), *(sum(j.state == s for j in mine) for s in STATES),
@@ -352,7 +425,7 @@ def render(grid: GridStatus, config_name: str = "", every: bool = False) -> str:
     lines += _table(header, rows, right=set(range(1, len(header))))
     for rule in grid.rules:
         shown = [j for j in grid.jobs if j.job.rule == rule
-                 and (every or j.state in ("running", "interrupted", "failed", "blocked"))]
+                 and (every or j.state in ("running", "queued", "interrupted", "failed", "blocked"))]
         if not shown:
             continue
         mine = [j for j in grid.jobs if j.job.rule == rule]
@@ -362,7 +435,8 @@ def render(grid: GridStatus, config_name: str = "", every: bool = False) -> str:
         folded = not every and len(blocked) > 3  # one line for many jobs behind the same failures
         if folded:
             shown = [j for j in shown if j.state != "blocked"]
-        rows = [[j.state, j.job.key, duration(j.seconds), j.detail or _detail(j)] for j in shown]
+        rows = [[j.state, j.job.key, duration(j.seconds),
+                 "; ".join(p for p in (j.detail, _detail(j)) if p)] for j in shown]
         if rows:
             lines += ["  " + line for line in _table(["state", "job", "time", "detail"], rows, right={2})]
         if folded:
@@ -375,40 +449,102 @@ def render(grid: GridStatus, config_name: str = "", every: bool = False) -> str:
 def _detail(status: JobStatus) -> str:
     if status.state == "finished":
         return "" if not math.isnan(status.seconds) else "no benchmark file"
-    if status.state == "to run" and not math.isnan(status.remaining):
-        return f"about {duration(status.remaining)}"
+    if status.state in ("to run", "queued") and not math.isnan(status.remaining):
+        return f"about {duration(status.remaining)}" + (" (scaled from another size)" if status.scaled else "")
     return ""
 
 
 def _snakemake_line(grid: GridStatus) -> str:
-    s = grid.snakemake
-    if s.running and s.pids:
-        since = f", for {duration(grid.now - s.started)}" if s.started else ""
-        return f"running (process {', '.join(map(str, s.pids[:3]))}{since})"
+    s, record = grid.snakemake, grid.snakemake.record or {}
+    started = record.get("started")
+    run = (f"the last run started {time.strftime('%Y-%m-%d %H:%M', time.localtime(started))} on {s.host} "
+           f"(process {record.get('pid')}, executor {record.get('executor', 'local')})") if started else ""
+    alive = s.alive_jobs
+    jobs_alive = (f"{len(alive)} of its Slurm jobs alive (squeue: {', '.join(alive[:3])}"
+                  + (" ..." if len(alive) > 3 else "") + ")") if alive else ""
     if s.running:
-        return "running, by its locks in .snakemake/locks (this machine's processes cannot be listed)"
+        where = (f"in Slurm job {s.head.id} ({s.head.state.lower()}" + (f" on {s.head.node}" if s.head.node else "")
+                 + ")") if s.head is not None else ""
+        if s.pids:
+            since = f", for {duration(grid.now - s.started)}" if s.started else ""
+            return f"running (process {', '.join(map(str, s.pids[:3]))}{since}" + (f", {where}" if where else "") + ")"
+        return f"running {where}" + (f"; {run}" if run else "")
+    if s.running is None:  # this machine cannot tell: say what it saw and what to check
+        if s.elsewhere:
+            text = (f"{run}; this machine ({socket.gethostname()}) cannot see {s.host}'s processes: check there "
+                    f"(ssh {s.host} ps -p {record.get('pid')})")
+        else:
+            text = "this machine's processes cannot be listed" + (f"; {run}" if run else "")
+        if jobs_alive:
+            text += f"; {jobs_alive}"
+        if s.locked:
+            text += "; its locks are in .snakemake/locks: do not `snakemake --unlock` while it may run"
+        return text
+    if s.locked and (alive or s.head is not None):
+        return (f"not running on this machine, but {jobs_alive or f'its head job {s.head.id} is alive'}: it may run "
+                "elsewhere (a login node, a head job) or have been killed and left them. Do not `snakemake --unlock`"
+                " while they run (with rerun-incomplete the next run would submit them again): check `squeue -u "
+                "$USER` and where Snakemake was started" + (f" ({run})" if run else ""))
+    if alive:
+        return f"not running; {jobs_alive}: `squeue -u $USER` shows them, `scancel` ends them"
     if s.locked:
         return ("not running, but its locks are left in .snakemake/locks (a killed run): "
-                "`snakemake --unlock` before the next run")
-    return "not running"
+                "`snakemake --unlock` before the next run" + (f"; {run}" if run else ""))
+    return "not running" + (f"; {run}" if run else "")
 
 
 def _remaining_line(grid: GridStatus) -> str:
-    todo = [j for j in grid.jobs if j.state in ("running", "interrupted", "to run")]
+    todo = [j for j in grid.jobs if j.state in TODO]
     if not todo:
         stopped = len(grid.of("failed")) + len(grid.of("blocked"))
         return "Remaining: nothing" + (f" but the {stopped} failed and blocked jobs, once fixed" if stopped else "")
     left = _total(j.remaining for j in todo)
     unknown = sum(math.isnan(j.remaining) for j in todo)
+    scaled = sum(j.scaled for j in todo)
     text = f"Remaining: about {duration(left)} of job time for {len(todo)} jobs" if not math.isnan(left) else \
         f"Remaining: {len(todo)} jobs"
+    notes = [f"{scaled} from finished jobs of another size, by the size factors"] if scaled else []
     if unknown:
-        text += f" ({unknown} not estimated: no finished job of their rule yet)"
+        notes.append(f"{unknown} not estimated: no finished job of their rule yet")
+    if notes:
+        text += f" ({'; '.join(notes)})"
     running = len(grid.of("running"))
     if running > 1 and not math.isnan(left):
         text += f"; at the {running} jobs running now, about {duration(left / running)}"
     stopped = len(grid.of("failed")) + len(grid.of("blocked"))
     if stopped:
         text += f"; the {stopped} failed and blocked jobs not counted"
-    return text
+    return text + "; queue wait apart"
 
+
+def _queue_lines(grid: GridStatus) -> list[str]:
+    """Slurm's queue, apart from the job time: how long the queued jobs wait, how long the started ones waited."""
+    queued = [j.queued for j in grid.of("queued") if not math.isnan(j.queued)]
+    waited = [j.queued for j in grid.jobs if j.state != "queued" and not math.isnan(j.queued)]
+    lines = []
+    if grid.of("queued"):
+        lines.append(f"Queue: {_jobs(len(grid.of('queued')))} waiting in Slurm's queue" + (
+            f", for {duration(sum(queued) / len(queued))} on average (longest {duration(max(queued))})" if queued else ""))
+    if waited:
+        lines.append(f"Queue wait of the started Slurm jobs: {duration(sum(waited) / len(waited))} on average "
+                     f"(longest {duration(max(waited))}, {_jobs(len(waited))})")
+    if not grid.slurm_known:
+        lines.append("Slurm: squeue could not be asked; jobs Snakemake submitted are judged by Snakemake alone")
+    return lines
+
+
+def _jobs(n: int) -> str:
+    return f"{n} job" + ("" if n == 1 else "s")
+
+
+def _gpu_lines(grid: GridStatus) -> list[str]:
+    """GPU-hours: wall-clock times each job's `gpu` resource, where any job takes one."""
+    if not any(j.gpus for j in grid.jobs):
+        return []
+    done = _total(j.seconds * j.gpus for j in grid.of("finished") if j.gpus)
+    running = _total(j.seconds * j.gpus for j in grid.of("running") if j.gpus)
+    left = _total(j.remaining * j.gpus for j in grid.jobs if j.state in TODO and j.gpus)
+    hours = lambda s: "-" if math.isnan(s) else f"{s / 3600:,.1f}"  # noqa: E731
+    return [f"GPU-hours (wall-clock x each job's gpu resource): {hours(done)} in finished jobs"
+            + (f", {hours(running)} in running ones" if not math.isnan(running) else "")
+            + (f", about {hours(left)} to come" if not math.isnan(left) else "")]

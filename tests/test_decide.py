@@ -85,7 +85,7 @@ def ran(tmp_path_factory):
         fcntl.flock(lock, fcntl.LOCK_UN)
     assert killed, f"look 2 never started:\n{(tmp / 'driver.log').read_text()[-3000:]}"
     after_kill = state(tmp)
-    status = run(["linvit", "status", "--config", str(tmp / "tiny.yaml"), "--directory", str(tmp)], cwd=REPO).stdout
+    status = run(["linvit", "status", "--configfile", str(tmp / "tiny.yaml"), "--directory", str(tmp)], cwd=REPO).stdout
     look1 = {p: p.stat().st_mtime_ns for p in (tmp / "results/students").rglob("seed[01]/metrics.json")}
     rerun = decide(tmp)
     return tmp, after_kill, status, look1, rerun

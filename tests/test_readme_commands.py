@@ -333,7 +333,7 @@ def check_status(command, match, tmp, capsys, comment):
     from linvit.config import load_config
 
     args = shlex.split(command)
-    config = load_config(REPO / (args[args.index("--config") + 1] if "--config" in args else
+    config = load_config(REPO / (args[args.index("--configfile") + 1] if "--configfile" in args else
                                  "workflow/config/default.yaml"))
     out = run([*args, "--directory", str(tmp)], cwd=REPO)
     jobs = len(grid.jobs(config))

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -74,8 +75,16 @@ def tree(tmp_path, monkeypatch):
     for out in killed.outputs:
         mark(tmp_path, out, max_len=24)  # a long name: folders of at most NAME_MAX characters
     write(tmp_path / killed.log, "distill ...: step 1/4 loss 0.2\ndistill ...: step 3/4 loss 0.1\n")
+    # squeue's lines (status asks for "%i|%T|%r|%V|%S|%N|%Z"): the running job, a student still waiting for a
+    # node (submitted 10 minutes ago, 2 minutes after the running one started), and another user's grid.
+    queued = [j for j in by_rule("student") if j.cell.init == "copy_all"][0]
+    for out in queued.outputs:
+        mark(tmp_path, out, jobid="5151")
+    stamp = lambda ago: time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - ago))  # noqa: E731
     bin_dir = tmp_path / "bin"
-    write(bin_dir / "squeue", "#!/bin/sh\necho '4242 RUNNING'\necho '99 PENDING'\n")
+    write(bin_dir / "squeue", f"#!/bin/sh\necho '4242|RUNNING|None|{stamp(780)}|{stamp(720)}|node3|{tmp_path}'\n"
+                              f"echo '5151|PENDING|Resources|{stamp(600)}|{stamp(-3600)}||{tmp_path}'\n"
+                              "echo '99|PENDING|Priority|2026-01-01T00:00:00|N/A||/elsewhere'\n")
     (bin_dir / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
     # One failed: its log's error line.
@@ -86,7 +95,7 @@ def tree(tmp_path, monkeypatch):
     finish(tmp_path, plain[0], 20)
     try:
         yield tmp_path, jobs, {"running": running, "slurm": slurm, "killed": killed, "failed": failed,
-                               "plain": plain}
+                               "plain": plain, "queued": queued}
     finally:
         process.kill()
         process.wait()
@@ -129,11 +138,12 @@ def test_the_text_has_a_table_of_rules_and_the_jobs_to_look_at(tree):
     lines = text.splitlines()
     assert lines[0].startswith(f"Grid smoke.yaml in {root}: 56 jobs, ")  # 44 cells, no evaluation jobs
     header = next(line for line in lines if line.startswith("rule "))
-    assert header.split()[:8] == ["rule", "jobs", "finished", "running", "interrupted", "failed", "blocked", "to"]
+    assert header.split()[:9] == ["rule", "jobs", "finished", "running", "queued", "interrupted", "failed", "blocked",
+                                  "to"]
     rows = {line.split()[0]: line.split() for line in lines[lines.index(header) + 1:] if line.strip()
             and line.split()[0] in ("shards", "teacher", "distill", "reference", "student", "evaluate", "report")
             and line.split()[1].isdigit()}
-    assert rows["distill"][1:8] == ["8", "2", "2", "1", "1", "0", "2"]
+    assert rows["distill"][1:9] == ["8", "2", "2", "0", "1", "1", "0", "2"]
     assert rows["teacher"][1:3] == ["1", "1"]
     assert "linvit: error: out of memory in block 3" in text
     assert f"{named['failed'].key}" in text and "Slurm job 4242" in text
@@ -141,7 +151,7 @@ def test_the_text_has_a_table_of_rules_and_the_jobs_to_look_at(tree):
     assert re.search(rf"^  blocked +{named['failed'].cell.dataset}/\S+/maps/steps3/seed0 +- +waits for distill ",
                      text, re.M)
     every = render(collect(CONFIG, root), "smoke.yaml", every=True)
-    assert every.count("\n  to run ") == 43 and every.count("\n  finished ") == 6
+    assert every.count("\n  to run ") == 42 and every.count("\n  finished ") == 6
     # A failed teacher: everything after it waits, said in one line per rule (each job with --all).
     teacher = jobs["teacher micro/seed0"]
     for out in teacher.outputs:
@@ -149,7 +159,7 @@ def test_the_text_has_a_table_of_rules_and_the_jobs_to_look_at(tree):
     write(root / teacher.log, "linvit: error: teacher micro: diverged: loss became nan at step 3\n")
     text = render(collect(CONFIG, root), "smoke.yaml")
     assert re.search(r"^  failed +micro/seed0 +- +linvit: error: teacher micro: diverged", text, re.M)
-    assert "\n  40 blocked: waits for teacher micro/seed0" in text
+    assert "\n  39 blocked: waits for teacher micro/seed0" in text  # the 40th student is in Slurm's queue
     assert "evaluate" not in text  # the training jobs evaluate their models: no evaluation jobs wait
 
 
@@ -165,15 +175,20 @@ def test_snakemake_s_markers_are_read_back_whatever_their_length():
         assert found[long][0] == "7" and found["results/data/synthetic"][0] is None
 
 
-def test_the_command_is_torch_free_and_says_a_bad_config_in_one_line(tmp_path):
-    out = run([sys.executable, "-X", "importtime", "-m", "linvit.cli", "status", "--config", str(SMOKE)],
+def test_the_command_is_torch_and_pandas_free_and_says_a_bad_config_in_one_line(tmp_path):
+    out = run([sys.executable, "-X", "importtime", "-m", "linvit.cli", "status", "--configfile", str(SMOKE)],
               cwd=tmp_path)
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
-    assert not imported & {"torch", "timm", "matplotlib", "seaborn"}
+    assert not imported & {"torch", "timm", "matplotlib", "seaborn", "pandas"}
     assert "56 jobs, 0 finished" in out.stdout and "56 to run" in out.stdout
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({**CONFIG, "variants": ["nope"]}))
-    bad = run(["linvit", "status", "--config", "bad.yaml"], cwd=tmp_path, check=False)
+    bad = run(["linvit", "status", "--configfile", "bad.yaml"], cwd=tmp_path, check=False)
     assert bad.returncode == 1 and bad.stderr.strip().startswith("linvit: error: config key variants: unknown")
+    # The old spelling: --config now takes Snakemake's KEY=VALUE overrides.
+    old = run(["linvit", "status", "--config", str(SMOKE)], cwd=tmp_path, check=False)
+    assert old.returncode == 1 and old.stderr.strip() == (
+        f"linvit: error: --config {SMOKE}: not KEY=VALUE (overrides, as Snakemake's --config takes them); "
+        f"a config file is --configfile {SMOKE}")
 
 
 def test_durations_read_as_a_person_would():

@@ -403,7 +403,7 @@ def killed_while_the_teacher_trains(tmp, config_path: str) -> None:
     assert re.search(r"^Snakemake: running \(process \d+", during, re.M)
     assert re.search(r"^teacher +1 +0 +1 +0 +0 +0 +0 ", during, re.M)  # jobs, finished, running, ...
     assert re.search(r"^  running +micro/seed0 .* runs here", during, re.M)
-    after = run(["linvit", "status", "--config", config_path], cwd=tmp).stdout
+    after = run(["linvit", "status", "--configfile", config_path], cwd=tmp).stdout
     assert re.search(r"^teacher +1 +0 +0 +1 +0 +0 +0 ", after, re.M)  # interrupted
     assert re.search(r"^  interrupted +micro/seed0 .*the next snakemake runs it again", after, re.M)
     assert "Snakemake: not running, but its locks are left" in after and "snakemake --unlock" in after
@@ -453,7 +453,7 @@ def test_smoke_grid_end_to_end(tmp_path):
     from linvit.report.aggregate import read_benchmark
     from linvit.status import duration
 
-    done = run(["linvit", "status", "--config", str(REPO / "workflow/config/smoke.yaml")], cwd=tmp_path).stdout
+    done = run(["linvit", "status", "--configfile", str(REPO / "workflow/config/smoke.yaml")], cwd=tmp_path).stdout
     jobs = grid.jobs(config)
     assert f": {len(jobs)} jobs, {len(jobs)} finished, 0 running, 0 interrupted, 0 failed, 0 blocked, 0 to run" in done
     seconds = sum(read_benchmark(tmp_path / job.benchmark)["wall_s"] for job in jobs if job.benchmark)

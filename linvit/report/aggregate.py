@@ -34,6 +34,7 @@ from linvit.grid import REFERENCE_VARIANT, Cell, all_cells, log_path, teacher_ke
 from linvit.grid import jobs as grid_jobs
 from linvit.groups import GROUPS  # a group a run reports beyond these still gets a column
 from linvit.io import atomic_path
+from linvit.jobfiles import log_line as _log_line, read_benchmark  # noqa: F401 (read_benchmark: also for callers)
 from linvit.predictions import PREDICTIONS, Predictions, PredictionsError, read_predictions
 
 ID_COLUMNS = ["dataset", "size", "variant", "init", "design", "budget", "seed"]
@@ -196,21 +197,6 @@ def _kd_reference(config: dict, cell: Cell) -> bool:
         return kd_reference(config, cell.init, cell.dataset, cell.size)
     except (ConfigError, KeyError, TypeError):
         return False
-
-
-def _log_line(log: Path) -> tuple[str, str]:
-    """("diverged", its last line mentioning that), else ("missing", the last line mentioning an error or "")."""
-    if not log.exists():
-        return "missing", ""
-    try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError as err:
-        return "missing", f"{log} cannot be read ({err.strerror})"
-    diverged = [line.strip() for line in lines if "diverged" in line.lower()]
-    if diverged:
-        return "diverged", diverged[-1]
-    errors = [line.strip() for line in lines if "error" in line.lower()]
-    return "missing", errors[-1] if errors else ""
 
 
 def _read_json(path: Path, cell: Cell) -> dict:
@@ -420,28 +406,6 @@ def benchmark_jobs(config: dict, results: str | Path) -> pd.DataFrame:
                      "key": job.key, "path": job.benchmark, **read_benchmark(Path(job.benchmark))})
     return pd.DataFrame(rows, columns=["rule", "init", "design", "stage", "key", "path", "wall_s", "max_rss_mb",
                                        "cpu_time_s", "problem"])
-
-
-def read_benchmark(path: Path) -> dict:
-    """Snakemake's benchmark TSV (s, h:m:s, max_rss, ..., cpu_time; one row per repeat): mean seconds and
-    cpu seconds over repeats, the highest max_rss. 'NA' or '-' values read as NaN."""
-    empty = {"wall_s": math.nan, "max_rss_mb": math.nan, "cpu_time_s": math.nan, "problem": ""}
-    if not path.exists():
-        return empty
-    try:
-        frame = pd.read_csv(path, sep="\t")
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as err:
-        return {**empty, "problem": f"{path}: cannot be read ({str(err).strip().splitlines()[0]})"}
-    if "s" not in frame.columns:
-        return {**empty, "problem": f"{path}: no 's' column (expected Snakemake's benchmark header)"}
-    if frame.empty:
-        return {**empty, "problem": f"{path}: no rows"}
-
-    def column(name: str):
-        return pd.to_numeric(frame[name], errors="coerce") if name in frame else pd.Series([math.nan])
-
-    return {"wall_s": float(column("s").mean()), "max_rss_mb": float(column("max_rss").max()),
-            "cpu_time_s": float(column("cpu_time").mean()), "problem": ""}
 
 
 def rule_costs(jobs: pd.DataFrame, config: dict) -> pd.DataFrame:

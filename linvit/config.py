@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from .io import file_sha256
+
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 # The init name of the softmax reference runs (linvit.grid.REFERENCE_INIT): what identifies a reference
 # run (its variant is softmax, but so is a softmax control student's when `variants` lists softmax).
@@ -290,7 +292,9 @@ def pretrained(config: dict, size: str) -> dict | None:
 def checkpoint(config: dict, size: str, seed=None) -> dict:
     """The checkpoint student seed `seed` of a pretrained size copies from: its `teachers:` entry, or
     where the entry lists `replicates`, replicate number `seed` laid over the entry's keys (a replicate
-    gives its own `file`, and may give its own `model`/`model_args`). Without `replicates` the seed is
+    gives its own `file`, or its own hub `model`). Replicates are picked by seed value, not by position
+    in `seeds`: seed s copies from replicates[s] whatever seeds the grid lists, so dropping or adding a
+    seed never hands another seed's teacher folder a new checkpoint. Without `replicates` the seed is
     not used: every seed copies from the one checkpoint."""
     entry = pretrained(config, size)
     if entry is None:
@@ -304,27 +308,83 @@ def checkpoint(config: dict, size: str, seed=None) -> dict:
                           f"student seed; say which (--seed)")
     seed = int(seed)
     if not 0 <= seed < len(replicates):
-        raise ConfigError(f"config key teachers.{size}.replicates: seed {seed} has no checkpoint ({len(replicates)} "
-                          f"listed, for seeds 0-{len(replicates) - 1}); list one per seed, or use those seeds")
+        n = len(replicates)
+        raise ConfigError(f"config key teachers.{size}.replicates: seed {seed} has no checkpoint ({n} listed, for "
+                          f"seeds 0-{n - 1}): seed s copies from replicates[s], by seed value, not by position in "
+                          f"seeds; list one for every seed up to {seed}, or use seeds 0-{n - 1}")
     return {**base, **replicates[seed]}
 
 
+def checkpoint_file(entry: dict) -> Path | None:
+    """The weights file of a checkpoint entry as the jobs open it (user folder expanded, links and
+    `./` resolved, relative to the working folder), None for a hub checkpoint."""
+    file = entry.get("file")
+    return Path(file).expanduser().resolve() if file else None
+
+
+def file_stamp(entry: dict) -> dict | None:
+    """What a teacher job records of the file it loads, and what its rule's params hold so that
+    Snakemake reruns it when the file changes (a file replaced by an older copy keeps Snakemake's
+    mtime check quiet): the resolved path, size and modification time. None for a hub checkpoint."""
+    path = checkpoint_file(entry)
+    if path is None:
+        return None
+    try:
+        stat = path.stat()
+    except OSError:
+        return {"path": str(path), "size": None, "mtime_ns": None}
+    return {"path": str(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
 def _check_replicates(config: dict, size: str) -> None:
-    """Every seed of the grid has its own checkpoint, and no two replicates are the same checkpoint
-    (they would count one teacher twice, and the intervals would claim more than the data hold)."""
+    """Every seed of the grid has its own checkpoint, which exists, no two replicates are the same
+    checkpoint (they would count one teacher twice, and the intervals would claim more than the data
+    hold: the same file through another spelling, a link or a byte-identical copy counts), and the
+    replicates are checkpoints of one recipe (no replicate gives its own model_args)."""
     entry = pretrained(config, size)
     if not entry or "replicates" not in entry:
         return
+    key = f"config key teachers.{size}.replicates"
     for seed in all_seeds(config):
         checkpoint(config, size, seed)
+    for i, replicate in enumerate(entry["replicates"]):
+        if "model_args" in replicate:
+            raise ConfigError(f"{key}[{i}].model_args: replicates are checkpoints of one recipe and share its "
+                              f"options; give model_args once beside `model` (a checkpoint of another recipe "
+                              f"is another teacher: name it as a size of its own)")
+    checkpoints = [checkpoint(config, size, i) for i in range(len(entry["replicates"]))]
+    files = [checkpoint_file(c) for c in checkpoints]
     seen = {}
-    for i in range(len(entry["replicates"])):
-        c = checkpoint(config, size, i)
-        same = json.dumps([c.get("model"), c.get("file"), c.get("model_args")], sort_keys=True)
+    for i, c in enumerate(checkpoints):
+        same = json.dumps([c.get("model"), str(files[i]) if files[i] else None], sort_keys=True)
         if same in seen:
-            raise ConfigError(f"config key teachers.{size}.replicates[{i}]: the same checkpoint as "
-                              f"replicates[{seen[same]}]; each seed needs its own")
+            raise ConfigError(f"{key}[{i}]: the same checkpoint as replicates[{seen[same]}]; each seed needs its own")
         seen[same] = i
+    for i, (c, file) in enumerate(zip(checkpoints, files)):
+        if file is not None and not file.is_file():
+            raise ConfigError(f"{key}[{i}].file: {c['file']} does not exist")
+    # Byte-identical copies, reading as little as the check allows (configs are checked at every parse):
+    # files of one size (checkpoints of one architecture all are) whose first and last MiB agree, then
+    # their sha256.
+    same = [[i for i, file in enumerate(files) if file is not None]]
+    for fingerprint in (lambda f: f.stat().st_size, _ends, file_sha256):
+        groups = {}
+        for group in same:
+            for i in group:
+                groups.setdefault((group[0], fingerprint(files[i])), []).append(i)
+        same = [group for group in groups.values() if len(group) > 1]
+    if same:
+        j, i = min(same)[:2]
+        raise ConfigError(f"{key}[{i}]: {checkpoints[i]['file']} is a byte-identical copy of replicates[{j}]'s "
+                          f"{checkpoints[j]['file']}; each seed needs its own checkpoint")
+
+
+def _ends(path: Path, n: int = 1 << 20) -> bytes:
+    """The first and last n bytes of a file."""
+    with open(path, "rb") as f:
+        head = f.read(n)
+        f.seek(max(0, path.stat().st_size - n))
+        return head + f.read(n)
 
 
 # How a grid's teachers are replicated (teacher_design): what every verdict's intervals are over.

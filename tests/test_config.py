@@ -138,6 +138,8 @@ def test_budgets_default_to_the_students_steps():
     ({"distill_designs__both": {"losses": ["map_ce"], "phases": [{"losses": ["map_ce"]}]}},
      r"config key distill_designs.both: give either `losses` \(one phase\) or `phases`, not both"),
     ({"distill_designs__neither": {"freeze": False}}, r"config key distill_designs.neither: give either .* neither is given"),
+    # A rule that does not exist (the removed evaluate job, a typo) would be silently ignored.
+    ({"resources__evaluate": {"threads": 1}}, r"^config key resources: 'evaluate' is not one of \['scale', 'shards'"),
 ])
 def test_bad_config_is_one_clear_error(updates, message):
     with pytest.raises(ConfigError, match=message) as err:
@@ -182,3 +184,93 @@ def test_replicated_checkpoints_map_student_seed_s_to_replicate_s():
     with pytest.raises(ConfigError, match=r"^config key teachers.deit.replicates: 2 checkpoints, one per student "
                                           r"seed; say which \(--seed\)$"):
         run_teacher(config, "deit", None, None, "unused")
+
+
+def _replicated(tmp_path, files, seeds=(0, 1), **extra):
+    """SMOKE with its micro size loaded from `files` (names under tmp_path), one replicate per seed."""
+    config = changed(SMOKE, seeds=list(seeds))
+    config["teachers"] = {"micro": {"model": "deit_tiny_patch16_224",
+                                    "replicates": [{"file": str(tmp_path / f), **extra} for f in files]}}
+    return config
+
+
+def _check_config(tmp_path, config, capsys):
+    """`linvit check-config` on `config`: its exit status and its output."""
+    from linvit.cli import main
+
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
+    code = main(["check-config", str(tmp_path / "grid.yaml")])
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_a_missing_replicate_file_is_one_line_naming_its_key(tmp_path, capsys):
+    """A replicate naming a file that does not exist is refused by check-config (and so by the workflow,
+    which checks the same way when it parses): the teacher folder an earlier config built would
+    otherwise stand for it, since Snakemake plans no job whose input is missing."""
+    (tmp_path / "t0.pth").write_bytes(b"zero")
+    config = _replicated(tmp_path, ["t0.pth", "gone.pth"])
+    code, text = _check_config(tmp_path, config, capsys)
+    assert code == 1 and "valid" not in text
+    assert text.strip() == f"linvit: error: config key teachers.micro.replicates[1].file: {tmp_path / 'gone.pth'} does not exist"
+    (tmp_path / "gone.pth").write_bytes(b"one")
+    assert _check_config(tmp_path, config, capsys)[0] == 0
+
+
+@pytest.mark.parametrize("spell, says", [
+    (lambda tmp: f"{tmp}/./t0.pth", "the same checkpoint as replicates[0]"),  # another spelling of the path
+    (lambda tmp: ((tmp / "link.pth").symlink_to(tmp / "t0.pth"), str(tmp / "link.pth"))[1],
+     "the same checkpoint as replicates[0]"),
+    (lambda tmp: ((tmp / "copy.pth").write_bytes((tmp / "t0.pth").read_bytes()), str(tmp / "copy.pth"))[1],
+     "is a byte-identical copy of replicates[0]'s"),
+])
+def test_one_checkpoint_listed_twice_is_refused_however_it_is_spelt(tmp_path, spell, says):
+    """The duplicate check compares files, not path strings: `dir/./t0`, a symlink and a byte-identical
+    copy are the same teacher counted twice. Files of one size whose first and last MiB agree but whose
+    middles differ are two teachers."""
+    big = bytearray(b"A" * (3 << 20))
+    (tmp_path / "t0.pth").write_bytes(big)
+    config = _replicated(tmp_path, ["t0.pth", "t0.pth"])
+    config["teachers"]["micro"]["replicates"][1]["file"] = spell(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        validate(config)
+    assert str(err.value).startswith("config key teachers.micro.replicates[1]: ") and says in str(err.value)
+    assert "\n" not in str(err.value)
+    big[len(big) // 2] = ord("B")
+    (tmp_path / "other.pth").write_bytes(big)
+    validate(_replicated(tmp_path, ["t0.pth", "other.pth"]))
+
+
+def test_a_replicate_of_another_recipe_is_refused(tmp_path):
+    """A replicate with its own model_args (another width) is another teacher, not a replicate of this one."""
+    for name in ("t0.pth", "t1.pth"):
+        (tmp_path / name).write_bytes(name.encode())
+    config = _replicated(tmp_path, ["t0.pth", "t1.pth"])
+    config["teachers"]["micro"]["replicates"][1]["model_args"] = {"embed_dim": 96}
+    with pytest.raises(ConfigError, match=r"^config key teachers.micro.replicates\[1\].model_args: replicates are "
+                                          r"checkpoints of one recipe"):
+        validate(config)
+
+
+def test_replicates_are_picked_by_seed_value_and_the_error_says_so(tmp_path):
+    """seeds [3, 4, 5] copy from replicates[3..5], not the first three: three checkpoints are not enough,
+    and the one line says why and what to do."""
+    for name in ("t0.pth", "t1.pth", "t2.pth"):
+        (tmp_path / name).write_bytes(name.encode())
+    config = _replicated(tmp_path, ["t0.pth", "t1.pth", "t2.pth"], seeds=(3, 4, 5))
+    with pytest.raises(ConfigError) as err:
+        validate(config)
+    assert str(err.value) == ("config key teachers.micro.replicates: seed 3 has no checkpoint (3 listed, for seeds "
+                              "0-2): seed s copies from replicates[s], by seed value, not by position in seeds; list "
+                              "one for every seed up to 3, or use seeds 0-2")
+
+
+def test_the_resources_schema_names_the_rules_that_take_resources():
+    """`resources:` takes the names res() is called with in workflow/rules/*.smk, and scale: a rule
+    added there is configurable, and none removed stays accepted."""
+    import re
+
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    names = set(schema["properties"]["resources"]["propertyNames"]["enum"])
+    rules = {m for f in (REPO / "workflow/rules").glob("*.smk") for m in re.findall(r'\bres\("(\w+)"', f.read_text())}
+    assert names == rules | {"scale"}

@@ -7,10 +7,18 @@
     eval/<key>                  every number an evaluation returns (test_acc; a distillation's distill_loss,
                                 distill_terms/<term>, distill_loss_per_block/block<l>)
 
-and `linvit.steps.run_evaluate` adds, at the run's last step, what the evaluation step measures: the
-attention fidelity per block (fidelity/<kl|js|corr>/block<l>, and their means), the forward throughput
-(eval/throughput_img_s) and the parameter count, in an event file of its own (suffix `.evaluate`,
-replaced when the evaluation reruns).
+and a student's (or softmax reference's) evaluation adds, at the run's last step, what it measures (the
+training job evaluates its model itself, `linvit evaluate` again by hand; both through
+`linvit.steps._write_evaluation`): the attention fidelity per block (fidelity/<kl|js|corr>/block<l>, and
+their means), the forward throughput (eval/throughput_img_s) and the parameter count, in an event file of
+its own (suffix `.evaluate`, replaced when the evaluation reruns).
+
+Each run's events also carry its cell as hparams, for TensorBoard's HParams view (one row per run,
+filtered by any field; its metrics are the run's own scalars, eval/test_acc among them): `rule`
+(teacher, distill, student or reference) and the fields that apply, of dataset, size, variant, init,
+design, budget and seed (`cell_hparams`). They are written once, into the run's own event file when it
+starts afresh (a hparams-plugin session start, `session_start`); a resumed run, or a later phase of a
+distillation, keeps the ones already on disk.
 
 Nothing here touches a random generator or a model: the numbers a run trains to are the same with
 or without events. The writer is closed before the step writes metrics.json (the mark of a complete
@@ -31,7 +39,7 @@ from pathlib import Path
 from .grid import EVENTS
 
 FLUSH_SECONDS = 10  # how stale a live run's curves may be in TensorBoard
-EVALUATE_SUFFIX = ".evaluate"  # the event file of the evaluation step (linvit.steps.run_evaluate)
+EVALUATE_SUFFIX = ".evaluate"  # the event file of a run's evaluation (linvit.steps._write_evaluation)
 
 
 def events_dir(run_dir: str | Path) -> Path:
@@ -66,17 +74,24 @@ def scalars(values: dict, prefix: str) -> dict[str, float]:
     return out
 
 
+def cell_hparams(rule: str, **cell) -> dict:
+    """A run's cell as TensorBoard hparams: `rule` (the Snakemake rule that trains it) and the cell's
+    fields that apply to it (None: left out, as a teacher's design)."""
+    return {"rule": rule, **{key: value for key, value in cell.items() if value is not None}}
+
+
 class RunEvents:
     """The event files `fit` writes for one run (rank 0), from `step` on, the run having trained
     `seconds` so far (both 0 unless it resumes from a checkpoint).
 
     `offset` is added to every step: the steps of the earlier phases of a multi-phase distillation,
     whose phases write one curve into the same folder. A fresh start (not `resumed`, no offset) removes
-    the folder's events; otherwise TensorBoard is told to forget those past the steps kept (purge_step).
+    the folder's events and writes the run's `hparams` (cell_hparams); otherwise TensorBoard is told to
+    forget the events past the steps kept (purge_step), and the hparams written at the start stand.
     """
 
     def __init__(self, folder: str | Path, *, batch_size: int, resumed: bool, step: int = 0, seconds: float = 0.0,
-                 offset: int = 0):
+                 offset: int = 0, hparams: dict | None = None):
         folder = Path(folder)
         fresh = not resumed and not offset
         if fresh:
@@ -85,6 +100,8 @@ class RunEvents:
         self.folder, self.offset, self.batch_size = folder, offset, batch_size
         self.writer = _writer(folder, purge_step=None if fresh else offset + step + 1)
         self.last = (step, seconds)  # (step, training seconds) at the last logged step
+        if fresh and hparams:
+            self._write(lambda writer: writer.file_writer.add_summary(session_start(hparams), 0))
 
     def train(self, step: int, loss: float, lr: float, seconds: float) -> None:
         """A logged training step: loss, learning rate and images per second since the previous logged
@@ -149,7 +166,7 @@ class NoEvents:
 
 
 def write_evaluation(run_dir: str | Path, step: int, values: dict[str, float]) -> None:
-    """The evaluation step's scalars, at the run's last step, in the run's events: an event file of its
+    """An evaluation's scalars, at the run's last step, in the run's events: an event file of its
     own, replacing the one an earlier evaluation of the run wrote."""
     folder = events_dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -165,6 +182,18 @@ def write_evaluation(run_dir: str | Path, step: int, values: dict[str, float]) -
         writer.close()
     except Exception as err:  # as RunEvents._write: the evaluation's own result (eval.json) comes first
         _stopped(folder, err)
+
+
+def session_start(hparams: dict):
+    """The hparams plugin's session-start summary of `hparams`, alone: written into the run's own event
+    file, it makes the run's folder one row of the HParams view, its metrics the run's own scalars.
+    SummaryWriter.add_hparams would write a sub-run of its own (a second row without the curves) beside
+    an experiment summary, which the plugin takes from one run arbitrarily: without one, the plugin lists
+    the union of every run's hparams (each string's values a set to filter by) and every scalar tag as a
+    metric."""
+    from torch.utils.tensorboard.summary import hparams as summaries
+
+    return summaries(hparams, {})[1]
 
 
 def _stopped(folder: Path, err: BaseException) -> None:

@@ -29,7 +29,7 @@ from .device import Runtime, cpu_runtime
 from .distill import DistillTask
 from .losses import Objective, parse_terms
 from .evaluate import accuracy, attention_report, parameter_counts, throughput
-from .events import events_dir as run_events_dir, scalars, write_evaluation
+from .events import cell_hparams, events_dir as run_events_dir, scalars, write_evaluation
 from .io import code_version, file_sha256, provenance, read_json, remove_stale_temps, write_json, write_safetensors
 from .models import build_vit, model_name
 from .predictions import PREDICTIONS, split_digest, write_predictions
@@ -259,7 +259,8 @@ def run_teacher(config: dict, size: str, seed: int | None, shards_dir, out_dir,
     model = runtime.place(model)
     task = ClassifyTask(model, data, spec, runtime, mixup)
     summary = fit(task, spec, data, out_dir, seed=seed,
-                  desc=f"teacher {size}", fingerprint=fingerprint, runtime=runtime)
+                  desc=f"teacher {size}", fingerprint=fingerprint, runtime=runtime,
+                  hparams=cell_hparams("teacher", dataset=dataset, size=size, variant=SOFTMAX, seed=seed))
     metrics = {"dataset": dataset, "size": size, "variant": SOFTMAX, "init": "random", "seed": seed, **summary}
     arch = _arch(model, {"timm_model": model_name(size, SOFTMAX)}, size, SOFTMAX, data, dataset)
     return _finish(out_dir, metrics, config, fingerprint, {"model.safetensors": model.state_dict()}, arch,
@@ -367,6 +368,7 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, init: str, 
     samples = config.get("evaluation", {}).get("fidelity_samples", 64)
     probe = runtime.batch(data.fixed_batch("test", min(samples, data.num_samples("test")))[0])[0]
     desc = f"distill {dataset}/{size}/{variant}/{init}/{design}"
+    hparams = cell_hparams("distill", dataset=dataset, size=size, variant=variant, init=init, design=design, seed=seed)
     summaries = []
     for i, ((phase, train), phase_terms) in enumerate(zip(phases, terms)):
         freeze = phase.get("freeze", True)
@@ -377,13 +379,13 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, init: str, 
         task.compiled_modules = lambda: [block.attn for block in student.blocks]
         if len(phases) == 1:
             summaries.append(fit(task, train, data, out_dir, seed=seed, desc=desc, fingerprint=fingerprint,
-                                 runtime=runtime))
+                                 runtime=runtime, hparams=hparams))
         else:  # each phase in a folder of its own; one curve in the distillation's events
             summaries.append(_fit_phase(task, train, data, out_dir / f"phase{i}", seed=seed,
                                         desc=f"{desc} phase {i + 1}/{len(phases)}",
                                         fingerprint={**fingerprint, "phase": i}, runtime=runtime,
                                         events_dir=run_events_dir(out_dir),
-                                        events_offset=sum(s["steps"] for s in summaries)))
+                                        events_offset=sum(s["steps"] for s in summaries), hparams=hparams))
     if len(phases) > 1:
         _join_phase_logs(out_dir, len(phases), runtime)
     summary = {**summaries[-1], "steps": sum(s["steps"] for s in summaries),
@@ -403,7 +405,7 @@ def run_distill(config: dict, dataset: str, size: str, variant: str, init: str, 
 
 
 def _fit_phase(task, spec: TrainSpec, data, phase_dir: Path, *, seed: int, desc: str, fingerprint: dict,
-               runtime: Runtime, events_dir: Path, events_offset: int) -> dict:
+               runtime: Runtime, events_dir: Path, events_offset: int, hparams: dict) -> dict:
     """One phase of a multi-phase design, in its own folder: a finished phase (its summary.json) is
     loaded rather than rerun, so a killed job resumes in the phase it was in."""
     done = phase_dir / "summary.json"
@@ -412,7 +414,7 @@ def _fit_phase(task, spec: TrainSpec, data, phase_dir: Path, *, seed: int, desc:
         task.model.load_state_dict(_load_tensors(phase_dir / "model.safetensors", "phase weights"))
         return summary
     summary = fit(task, spec, data, phase_dir, seed=seed, desc=desc, fingerprint=fingerprint, runtime=runtime,
-                  events_dir=events_dir, events_offset=events_offset)
+                  events_dir=events_dir, events_offset=events_offset, hparams=hparams)
     if runtime.world.main:
         write_safetensors(phase_dir / "model.safetensors", {k: v.cpu() for k, v in task.model.state_dict().items()})
         publish_log(phase_dir)
@@ -500,7 +502,10 @@ def run_student(config: dict, dataset: str, size: str, variant: str, init: str, 
                         task_weight=strategy.get("task_weight", 1.0))
     summary = fit(task, spec, data, out_dir, seed=seed,
                   desc=f"student {dataset}/{size}/{variant}/{init}/{design}/steps{spec.steps}",
-                  fingerprint=fingerprint, runtime=runtime)
+                  fingerprint=fingerprint, runtime=runtime,
+                  hparams=cell_hparams("reference" if init == REFERENCE_INIT else "student", dataset=dataset,
+                                       size=size, variant=variant, init=init, design=design, budget=spec.steps,
+                                       seed=seed))
     metrics = {"dataset": dataset, "size": size, "variant": variant, "init": init, "design": design,
                "budget": spec.steps, "seed": seed, "copied": copied,
                "head_copied": same_labels and "head" in strategy["copy"], "distill": distill,

@@ -354,7 +354,7 @@ class _Log:
 
 def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, desc: str = "train",
         fingerprint: dict | None = None, runtime: Runtime | None = None, events_dir: str | Path | None = None,
-        events_offset: int = 0) -> dict:
+        events_offset: int = 0, hparams: dict | None = None) -> dict:
     """Train `task` on the train split of `data` (a ShardSet) for `spec.steps` steps.
 
     `fingerprint`: what determines the run (config slice, data, teacher, seed, code version; the
@@ -369,7 +369,8 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     model must already be on its device (the step moves it there before building the task).
 
     Rank 0 also writes TensorBoard events (linvit.events) into `events_dir` (default <out_dir>/tb),
-    their steps shifted by `events_offset` (a later phase of a distillation).
+    their steps shifted by `events_offset` (a later phase of a distillation), with the run's cell
+    `hparams` (linvit.events.cell_hparams) for TensorBoard's HParams view.
     """
     runtime = runtime or cpu_runtime()
     world = runtime.world
@@ -436,7 +437,8 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     train_step = world.train_step(task, compiled=bool(runtime.compile))
     log = _Log(live_log_path(out_dir), step if resumed is not None else None) if world.main else _NoLog()
     events = (RunEvents(events_dir or run_events_dir(out_dir), batch_size=spec.batch_size, resumed=resumed is not None,
-                        step=step, seconds=elapsed, offset=events_offset) if world.main else NoEvents())
+                        step=step, seconds=elapsed, offset=events_offset, hparams=hparams)
+              if world.main else NoEvents())
 
     def checkpoint():
         rngs = world.rng_states(runtime.device if runtime.cuda else None)  # every rank takes part

@@ -73,3 +73,13 @@ def test_killed_job_resumes_to_the_same_metrics(tmp_path, monkeypatch):
         a, b = events(tmp_path / "whole").Scalars(tag), events(killed).Scalars(tag)
         assert [(e.step, e.value) for e in b] == [(e.step, e.value) for e in a], tag
     assert [e.step for e in events(killed).Scalars("train/loss")] == list(range(1, 61))
+    # Its hparams, written when the killed attempt started, stand once: one row in TensorBoard's HParams
+    # view, the uninterrupted run's cell and final numbers.
+    from test_stages import hparams_view, hparams_written
+
+    assert hparams_written(killed) == 1
+    (row,), (whole_row,) = hparams_view(killed).values(), hparams_view(tmp_path / "whole").values()
+    assert row[0] == whole_row[0] == {"rule": "teacher", "dataset": "synthetic", "size": "micro",
+                                      "variant": "softmax", "seed": 0}
+    assert {k: row[1][k] for k in ("train/loss", "eval/test_acc")} == {k: whole_row[1][k] for k in ("train/loss",
+                                                                                                  "eval/test_acc")}

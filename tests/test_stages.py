@@ -127,6 +127,71 @@ def events(folder):
     return accumulator
 
 
+def hparams_view(logdir):
+    """TensorBoard's HParams view of `logdir` (what `tensorboard --logdir` serves there), read by the
+    hparams plugin itself: {session (a run's tb folder, relative): (its hparams, {metric: last value})}."""
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.context import RequestContext
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import api_pb2, backend_context, list_session_groups
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    context = backend_context.Context(base_plugin.TBContext(
+        data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(logdir)), logdir=str(logdir)))
+    request = api_pb2.ListSessionGroupsRequest(allowed_statuses=list(api_pb2.Status.values()), slice_size=10**6)
+    response = list_session_groups.Handler(RequestContext(), context, "", request).run()
+    value = lambda v: v.string_value if v.WhichOneof("kind") == "string_value" else v.number_value
+    view = {}
+    for group in response.session_groups:
+        (session,) = group.sessions  # one run per row
+        view[session.name] = ({k: value(v) for k, v in group.hparams.items()},
+                              {m.name.tag: m.value for m in session.metric_values})
+    return view
+
+
+def hparams_written(folder):
+    """How many times the run folder's event files hold the run's hparams (a session start)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams.metadata import SESSION_START_INFO_TAG
+
+    return sum(value.tag == SESSION_START_INFO_TAG for path in sorted((folder / "tb").glob("*tfevents*"))
+               for event in EventFileLoader(str(path)).Load() for value in event.summary.value)
+
+
+def test_tensorboard_hparams_view_lists_each_run_by_its_cell(world, tmp_path):
+    # A teacher, a two-phase distillation, its stage-2 student and a softmax reference under one logdir:
+    # one row each in the HParams view, its hparams the run's cell (the fields that apply), its metrics
+    # the run's own scalars.
+    import shutil
+
+    results = tmp_path / "results"
+    shutil.copytree(world / "teacher" / "tb", results / "teacher" / "tb")
+    distilled, student, reference = results / "distill", results / "student", results / "reference"
+    run_distill(CONFIG, "synthetic", "micro", "elu", "mohawk", "mohawk", 0, world / "teacher", world / "synthetic",
+                distilled)
+    run_student(CONFIG, "synthetic", "micro", "elu", "mohawk", 0, world / "teacher", world / "synthetic", student,
+                distilled_dir=distilled, design="mohawk", budget=2)
+    run_student(CONFIG, "synthetic", "micro", "softmax", "reference", 0, world / "teacher", world / "synthetic",
+                reference, budget=2)
+    view = hparams_view(results)
+    cell = {"dataset": "synthetic", "size": "micro", "seed": 0}
+    assert {name: hparams for name, (hparams, _) in view.items()} == {
+        "teacher/tb": {"rule": "teacher", "variant": "softmax", **cell},
+        "distill/tb": {"rule": "distill", "variant": "elu", "init": "mohawk", "design": "mohawk", **cell},
+        "student/tb": {"rule": "student", "variant": "elu", "init": "mohawk", "design": "mohawk", "budget": 2, **cell},
+        "reference/tb": {"rule": "reference", "variant": "softmax", "init": "reference", "design": "none", "budget": 2,
+                         **cell}}
+    for name, run in (("teacher", world / "teacher"), ("student", student), ("reference", reference)):
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert view[f"{name}/tb"][1]["eval/test_acc"] == pytest.approx(metrics["test_acc"]), name
+    assert view["distill/tb"][1]["eval/distill_loss"] == pytest.approx(
+        json.loads((distilled / "metrics.json").read_text())["distill_loss"])
+    # The second phase continues the first's events: the hparams once, as in every other run.
+    assert [hparams_written(run) for run in (distilled, student, reference)] == [1, 1, 1]
+
+
 def test_every_run_writes_its_curves_and_its_evaluation_for_tensorboard(world, tmp_path):
     # The teacher of the module's world: loss, learning rate and images/s at its logged step (the 4th
     # and last), its final test accuracy.

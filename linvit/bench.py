@@ -404,10 +404,10 @@ def bench_shards(*, per_class: int = 300, size: int = 224) -> list[dict]:
     return rows
 
 
-def _loop_seconds(stage: str, key: str, results: Path) -> float:
-    """A job's training (or distillation) loop time, from its run's metrics.json (train_time_s)."""
-    folder = {"teacher": "teacher", "distill": "distill", "students": "students"}[stage]
-    path = results / folder / key / "metrics.json"
+def _loop_seconds(folder: str | Path) -> float:
+    """A job's training (or distillation) loop time, from the metrics.json of the folder it writes
+    (grid.Job.folder; train_time_s)."""
+    path = Path(folder) / "metrics.json"
     try:
         return float(json.loads(path.read_text())["train_time_s"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -421,7 +421,7 @@ def bench_grid(config: dict, results: str | Path = "results") -> list[dict]:
 
     results = Path(results)
     jobs = benchmark_jobs(config, results)
-    jobs["loop_s"] = [_loop_seconds(j.stage, j.key, results) for j in jobs.itertuples()]
+    jobs["loop_s"] = [_loop_seconds(folder) for folder in jobs["folder"]]
     done = jobs.dropna(subset=["wall_s", "loop_s"])
     if done.empty:
         raise ValueError(f"--results {results}: no finished job of this grid (benchmark files under "

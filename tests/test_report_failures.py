@@ -113,3 +113,30 @@ def test_diverged_runs_get_their_own_status_and_the_log_line(tmp_path):
     assert "## Missing cells and failed runs" in readme
     assert f"`{diverged.key}` (diverged): {line}" in readme
     assert "- Cells: 6 expected (students and softmax references), 3 finished, 2 diverged, 1 missing" in readme
+
+
+def test_a_failed_shards_job_explains_the_cells_that_waited_for_it(tmp_path):
+    """The reasons follow grid.jobs's `needs`: shards of a target that failed stop its cells (their teacher
+    ran); shards of the teacher's dataset that failed stop the teacher, and through it every cell."""
+    config = {**SMALL, "targets": ["dsA", "dsB"]}
+    for c in all_cells(config):
+        if c.dataset == "dsA":
+            write_cell(tmp_path, c, accuracy(c))
+    shards = Path(log_path("shards", "dsB", tmp_path))
+    shards.parent.mkdir(parents=True)
+    shards.write_text("linvit: error: datasets.dsB.path: /data/dsB does not exist\n")
+    runs = collect(config, tmp_path)[0]
+    missing = runs[runs["dataset"] == "dsB"]
+    assert len(missing) == len(all_cells(config)) // 2 and (missing["status"] == "missing").all()
+    assert set(missing["reason"]) == {f"shards dsB failed ({shards}): linvit: error: datasets.dsB.path: /data/dsB "
+                                      "does not exist"}
+    assert (runs.loc[runs["dataset"] == "dsA", "status"] == "ok").all()
+    # Nothing trained: the teacher's shards failed, the teacher and everything after it never started.
+    for path in [p for p in tmp_path.rglob("*") if p.is_file()]:
+        path.unlink()
+    teacher_shards = Path(log_path("shards", config["teacher"]["dataset"], tmp_path))
+    teacher_shards.parent.mkdir(parents=True, exist_ok=True)
+    teacher_shards.write_text("Traceback ...\nOSError: [Errno 28] No space left on device\n")
+    runs = collect(config, tmp_path)[0]
+    assert set(runs["reason"]) == {f"shards {config['teacher']['dataset']} failed ({teacher_shards}): OSError: "
+                                   "[Errno 28] No space left on device"}

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from linvit.config import NO_DESIGN, REFERENCE_INIT, ConfigError, design_names, kd_reference, teacher_seed
-from linvit.grid import REFERENCE_VARIANT, Cell, all_cells, log_path, teacher_key
+from linvit.config import design_names
+from linvit.grid import Cell, all_cells
 from linvit.grid import jobs as grid_jobs
 from linvit.groups import GROUPS  # a group a run reports beyond these still gets a column
 from linvit.io import atomic_path
@@ -53,8 +53,9 @@ CONFIG_KEYS = ("targets", "sizes", "variants", "inits", "seeds", "init_strategie
 # Per-rule rows of the cost table, in this order (distillations get one row per init strategy and
 # design, students one per init strategy).
 COST_RULES = ("teacher", "distill", "student", "reference")
-# The folder of a rule's benchmark files below results/benchmarks/ (the references' and students' share one).
-STAGES = {"teacher": "teacher", "distill": "distill"}
+# What a job upstream of a missing cell is called in its reason (a job of another rule: its name).
+UPSTREAM = {"distill": "distillation", "reference": "softmax reference", "teacher": "teacher",
+            "teacher_pretrained": "teacher", "teacher_replicate": "teacher"}
 
 
 class ResultsError(ValueError):
@@ -65,12 +66,13 @@ def collect(config: dict, results: str | Path) -> tuple[pd.DataFrame, pd.DataFra
     """One row per expected cell (runs) and one row per evaluation line of every train.jsonl (curves)."""
     check_config(config)
     results = Path(results)
-    jobs = benchmark_jobs(config, results)
-    timing = {(job.stage, job.key): job for job in jobs.itertuples()}
+    graph = {job.name: job for job in grid_jobs(config, results)}
+    jobs = benchmark_jobs(config, results, graph.values())
+    timing = {job.job: job for job in jobs.itertuples()}
     rows, curve_rows = [], []
     for cell in all_cells(config):
-        row, curves = _run_row(cell, results, config)
-        job = timing.get(("students", cell.key))
+        row, curves = _run_row(cell, results, config, graph)
+        job = timing.get(f"{cell.rule} {cell.key}")  # the cell's job: it trains and evaluates
         row["train_wall_s"] = job.wall_s if job else math.nan
         row["train_max_rss_mb"] = job.max_rss_mb if job else math.nan
         rows.append(row)
@@ -109,7 +111,7 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> Path:
 # One cell
 
 
-def _run_row(cell: Cell, results: Path, config: dict) -> tuple[dict, list[dict]]:
+def _run_row(cell: Cell, results: Path, config: dict, graph: dict | None = None) -> tuple[dict, list[dict]]:
     row: dict = {**cell.as_dict(), "status": "ok", "reason": ""}
     run_dir = cell.run_dir(results)
     metrics_path, eval_path = run_dir / "metrics.json", run_dir / "eval.json"
@@ -127,7 +129,7 @@ def _run_row(cell: Cell, results: Path, config: dict) -> tuple[dict, list[dict]]
         row.update(status="invalid", reason=str(err))
         return row, curves
     if metrics is None:
-        status, reason = failure(cell, results, config)
+        status, reason = failure(cell, results, config, graph)
         row.update(status=status, reason=reason)
     elif evaluation is None:
         _, line = _log_line(cell.log_path(results))
@@ -168,35 +170,32 @@ def load_predictions(runs: pd.DataFrame) -> dict[tuple, Predictions]:
     return {tuple(getattr(r, c) for c in ID_COLUMNS): read_predictions(r.predictions) for r in ok.itertuples()}
 
 
-def failure(cell: Cell, results: Path, config: dict) -> tuple[str, str]:
-    """Why a cell has no metrics: (status, reason) from its log, else from the upstream job it waited for."""
+def failure(cell: Cell, results: Path, config: dict, graph: dict | None = None) -> tuple[str, str]:
+    """Why a cell has no metrics: (status, reason) from its job's log; else, the job never started, from the
+    nearest job upstream of it (grid.jobs's `needs`, followed breadth-first: its distillation, softmax
+    reference, teacher, shards, and theirs) whose log has an error line. `graph`: {Job.name: Job} of
+    grid.jobs(config, results), built here when not given."""
     log = cell.log_path(results)
     if log.exists():
         status, line = _log_line(log)
         return status, line or f"failed (see {log})"
-    # The job never started: a failed distillation (for a distilling strategy), softmax reference (the
-    # logit teacher of a KD student on other labels than the teacher's) or teacher explains why.
-    upstream = []
-    if cell.distills:
-        upstream.append(("distillation", Path(log_path("distill", cell.distill_key, results))))
-    if not cell.is_reference and _kd_reference(config, cell):
-        reference = Cell(cell.dataset, cell.size, REFERENCE_VARIANT, REFERENCE_INIT, cell.seed, NO_DESIGN, cell.budget)
-        upstream.append(("softmax reference", reference.log_path(results)))
-    upstream.append(("teacher", Path(log_path("teacher", teacher_key(cell.size, teacher_seed(config, cell.size,
-                                                                              cell.seed)), results))))
-    for what, path in upstream:
-        status, line = _log_line(path)
+    if graph is None:
+        graph = {job.name: job for job in grid_jobs(config, results)}
+    job = graph.get(f"{cell.rule} {cell.key}")
+    # The later stages first (needs lists shards, teacher, distillation, reference): the nearest cause.
+    queue, seen = list(reversed(job.needs)) if job else [], set()
+    while queue:
+        name = queue.pop(0)
+        if name in seen or name not in graph:
+            continue
+        seen.add(name)
+        upstream = graph[name]
+        status, line = _log_line(Path(upstream.log))
         if line:
-            return status, f"{what} {'diverged' if status == 'diverged' else 'failed'} ({path}): {line}"
+            what = UPSTREAM.get(upstream.rule, upstream.name)
+            return status, f"{what} {'diverged' if status == 'diverged' else 'failed'} ({upstream.log}): {line}"
+        queue += reversed(upstream.needs)
     return "missing", "not run (no log)"
-
-
-def _kd_reference(config: dict, cell: Cell) -> bool:
-    """Whether the cell's student waited for the softmax reference of its budget (linvit.config.kd_reference)."""
-    try:
-        return kd_reference(config, cell.init, cell.dataset, cell.size)
-    except (ConfigError, KeyError, TypeError):
-        return False
 
 
 def _read_json(path: Path, cell: Cell) -> dict:
@@ -386,26 +385,27 @@ def attention_records(runs: pd.DataFrame, results: str | Path) -> list[dict]:
 # Cost: Snakemake's benchmark TSVs
 
 
-def benchmark_jobs(config: dict, results: str | Path) -> pd.DataFrame:
+def benchmark_jobs(config: dict, results: str | Path, planned=None) -> pd.DataFrame:
     """One row per job the grid runs: its rule ('distill' and 'student' rows carry the init and design),
-    benchmark file, wall-clock seconds (mean over repeats), peak max_rss MB and cpu seconds; `problem`
-    names an unreadable file.
+    name (grid.Job.name), key, folder (where it writes), benchmark file, wall-clock seconds (mean over
+    repeats), peak max_rss MB and cpu seconds; `problem` names an unreadable file. `planned`: the jobs of
+    grid.jobs(config, results), listed here when not given.
 
     A job without a benchmark file (run without Snakemake, or not run) has NaN numbers and no problem.
     """
     check_config(config)
     rows = []
-    for job in grid_jobs(config, results):  # the workflow's own list; the jobs with a benchmark file
+    for job in planned if planned is not None else grid_jobs(config, results):  # the jobs with a benchmark file
         if job.benchmark is None:
             continue
         # Every teacher job (trained, or a checkpoint loaded) is costed as `teacher`.
         rule = "teacher" if job.rule.startswith("teacher") else job.rule
         student = job.cell is not None and not job.cell.is_reference
         rows.append({"rule": rule, "init": job.cell.init if student else "",
-                     "design": job.cell.design if student else "", "stage": STAGES.get(rule, "students"),
-                     "key": job.key, "path": job.benchmark, **read_benchmark(Path(job.benchmark))})
-    return pd.DataFrame(rows, columns=["rule", "init", "design", "stage", "key", "path", "wall_s", "max_rss_mb",
-                                       "cpu_time_s", "problem"])
+                     "design": job.cell.design if student else "", "job": job.name, "key": job.key,
+                     "folder": job.folder, "path": job.benchmark, **read_benchmark(Path(job.benchmark))})
+    return pd.DataFrame(rows, columns=["rule", "init", "design", "job", "key", "folder", "path", "wall_s",
+                                       "max_rss_mb", "cpu_time_s", "problem"])
 
 
 def rule_costs(jobs: pd.DataFrame, config: dict) -> pd.DataFrame:

@@ -193,9 +193,11 @@ def pretrained_architecture(timm_model: str, *, file=None, model_args: dict | No
     options without geometry, the options it is built with (plus the native img_size), and the timm
     config.json beside `file` ({} for none).
 
-    With `weights`, `file` is read (quietly) and the model is built at the file's classes and
-    channels (its head and patch embedding), exactly as `load_pretrained` builds it; without, at the
-    architecture's defaults (a one-channel file would look like a three-channel teacher)."""
+    With `weights`, `file` is read (quietly), the model is built at the file's classes and channels
+    (its head and patch embedding), exactly as `load_pretrained` builds it, and a file whose tensors do
+    not fit it is refused as `load_pretrained` refuses it (so a caller can refuse it before writing
+    anything); without, at the architecture's defaults (a one-channel file would look like a
+    three-channel teacher)."""
     sidecar = timm_config(file) if file is not None else {}
     # The options the weights were made with: the config.json's (timm's hub layout), then the caller's.
     given = {**sidecar.get("model_args", {}), **(model_args or {})}
@@ -210,7 +212,14 @@ def pretrained_architecture(timm_model: str, *, file=None, model_args: dict | No
         state, _ = _filtered(Path(file), timm_model, meta)
         with torch.device("meta"):
             meta = _build_for_file(timm_model, Path(file), {**build_args, **_file_geometry(state, meta)})
+        _check_keys(meta, state, file, timm_model)
     return meta, model_args, build_args, sidecar
+
+
+def _check_keys(model: nn.Module, state: dict, file, timm_model: str) -> None:
+    problem = _first_mismatch(model, state)
+    if problem:
+        raise TeacherError(f"weights file {file} does not fit timm model {timm_model!r}: {problem}")
 
 
 def _filtered(file: Path, timm_model: str, meta: VisionTransformer) -> tuple[dict, str | None]:
@@ -293,9 +302,7 @@ def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = Non
     file = Path(file)
     state, resampled = _filtered(file, timm_model, meta)
     model = _build_for_file(timm_model, file, {**build_args, **_file_geometry(state, meta)})
-    problem = _first_mismatch(model, state)
-    if problem:
-        raise TeacherError(f"weights file {file} does not fit timm model {timm_model!r}: {problem}")
+    _check_keys(model, state, file, timm_model)
     model.load_state_dict(state, strict=True)
     if resampled:  # said once, here, where the weights are loaded (not by the checks before it)
         print(f"teacher {file}: position table resampled from {resampled}", file=sys.stderr, flush=True)

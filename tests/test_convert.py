@@ -158,8 +158,9 @@ def test_convert_a_teacher_file_against_the_softmax_reference(made, capsys, quie
 @pytest.mark.parametrize("teacher,extra,words", [
     ("teacher", ["--size", "mini"],
      ["embed dim 64, depth 4, 4 heads, patch 4", "linvit_mini_elu", "embed dim 128, depth 6, 4 heads, patch 4"]),
+    # A micro file named as timm's vit_tiny (width 192) without its options: its tensors do not fit.
     ("file/model.safetensors", ["--model", "vit_tiny_patch16_224", "--size", "micro"],
-     ["vit_tiny_patch16_224", "embed dim 192, depth 12, 3 heads, patch 16", "linvit_micro_elu", "embed dim 64"]),
+     ["model.safetensors does not fit timm model 'vit_tiny_patch16_224'", "'cls_token' is (1, 1, 64) in the file"]),
     ("missing/weights.safetensors", [], ["missing/weights.safetensors", "does not exist"]),
     ("no_such_timm_model", [], ["'no_such_timm_model'", "does not exist"]),
     ("shards", [], ["has no model.json"]),
@@ -198,3 +199,28 @@ def test_convert_a_grayscale_teacher_file(made, capsys, quiet_machine):
         assert code == 0, err
         assert json.loads((out / "teacher" / "model.json").read_text())["in_chans"] == 1
         assert json.loads((out / "summary.json").read_text())["accuracy"]["converted"] is not None
+
+
+def test_a_teacher_file_that_does_not_fit_writes_nothing_so_the_fixed_file_converts(made, capsys, quiet_machine):
+    """Its keys are checked before --out is written: a file missing a tensor is one line and leaves no
+    request.json behind, so the rerun with the fixed file and the same --out converts (it was refused as
+    "a conversion made with other settings")."""
+    from safetensors.torch import save_file
+
+    shape = {"embed_dim": 64, "depth": 4, "num_heads": 4, "patch_size": 4}  # micro's shape
+    torch.manual_seed(0)
+    vit = timm.create_model("vit_tiny_patch16_224", **shape, img_size=28, in_chans=1, num_classes=4)
+    file, out = made / "unfit" / "vit.safetensors", made / "out_unfit"
+    file.parent.mkdir(exist_ok=True)
+    state = vit.state_dict()
+    save_file({k: v for k, v in state.items() if k != "norm.weight"}, str(file))
+    argv = ["--teacher", str(file), "--model", "vit_tiny_patch16_224", "--model-args",
+            json.dumps({**shape, "img_size": 28, "in_chans": 1}), "--variant", "elu", "--init", "copy_mlp",
+            "--shards", str(made / "shards"), "--out", str(out)]
+    code, stdout, err = convert(capsys, *argv)
+    assert code == 1 and stdout == "" and err.strip() == (
+        f"linvit convert: error: weights file {file} does not fit timm model 'vit_tiny_patch16_224': missing 'norm.weight'")
+    assert not out.exists()
+    save_file(state, str(file))
+    code, stdout, err = convert(capsys, *argv)
+    assert code == 0, err

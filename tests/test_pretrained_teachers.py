@@ -5,6 +5,7 @@ register ViT as two checkpoints listed as replicates, one per seed; and datasets
 teacher refused in one line before any training."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -179,6 +180,30 @@ def test_a_new_replicate_reruns_only_its_seed(ran, tmp_path):
     assert not any("regvit/seed0" in log or "/deit/" in log or log.endswith("deit.log") for log in planned), planned
     students = {c for c in grid.all_cells(cfg) if c.size == "regvit" and c.seed == 1 and c.init != "random"}
     assert {str(c.log_path()) for c in students} <= planned
+
+
+def test_a_replicate_file_replaced_by_an_older_copy_reruns_its_teacher(ran, tmp_path):
+    """The teacher folder records the file it was built from (resolved path, size, mtime in config.json;
+    sha256 in model.json), and its job's params hold them: a checkpoint replaced by another file with an
+    older mtime, which Snakemake's own mtime check misses, plans that seed's teacher again."""
+    tmp, cfg, _ = ran
+    folder = tmp / grid.teacher_of(cfg, "regvit", 1)
+    record = json.loads((folder / "config.json").read_text())["config"]["teacher_file"]
+    file = tmp / "regvit1.safetensors"
+    assert record["path"] == str(file.resolve()) and record["size"] == file.stat().st_size
+    assert json.loads((folder / "model.json").read_text())["sha256"] == file_sha256(file)
+    kept, stat = file.read_bytes(), file.stat()
+    try:
+        torch.manual_seed(3)
+        save_file(timm.create_model("vit_base_patch16_224", pretrained=False, **REG_ARGS).state_dict(), str(file))
+        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns - 10**9))  # older than every output
+        out = snakemake(tmp, "-n", "--cores", "2", "--configfile", str(tmp / "grid.yaml"))
+        planned = set(re.findall(r"^\s+log: (\S+)", out.stdout, re.M))
+        assert grid.log_path("teacher", "regvit/seed1") in planned, out.stdout[-2000:]
+        assert grid.log_path("teacher", "regvit/seed0") not in planned
+    finally:
+        file.write_bytes(kept)
+        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def _run_step(tmp, cfg, dataset_spec, size="deit"):

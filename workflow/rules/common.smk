@@ -13,7 +13,8 @@ import os
 import shlex
 
 from linvit import grid
-from linvit.config import CHECKPOINTS, NO_DESIGN, checkpoint, design_specs, kd_reference, teacher_design, trained_sizes
+from linvit.config import (CHECKPOINTS, NO_DESIGN, checkpoint, design_specs, file_stamp, kd_reference, teacher_design,
+                           trained_sizes)
 from linvit.sizes import size_factor  # SIZE_SCALE lives there: `linvit status` scales job times by it too
 
 try:  # where Snakemake looks for a callable's parameters before it inspects its signature
@@ -188,8 +189,12 @@ def teacher_file(wc):
 @planned
 def checkpoint_config(wc):
     """A pretrained-teacher job's config: its own checkpoint alone, so that editing another replicate
-    reruns only that replicate's job."""
-    return json.dumps({"teachers": {wc.size: _checkpoint(wc)}}, sort_keys=True)
+    reruns only that replicate's job, and its file's resolved path, size and mtime (file_stamp), so that
+    a file replaced by another (an older copy escapes Snakemake's mtime check) reruns it; the job's
+    config.json records them."""
+    entry = _checkpoint(wc)
+    stamp = file_stamp(entry)
+    return json.dumps({"teachers": {wc.size: entry}, **({"teacher_file": stamp} if stamp else {})}, sort_keys=True)
 
 
 def in_folder(key):

@@ -164,7 +164,8 @@ def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record:
     slurm_index = slurm_logs(logdir) if slurm else {}
     marked_ids = {jobid for jobid, _ in markers.values() if jobid}
     head_id = str((record or {}).get("slurm_head_job") or "")
-    queue = squeue() if slurm and (marked_ids or slurm_index or head_id) else None
+    asked = marked_ids or slurm_index or head_id or (record or {}).get("executor") == "slurm"
+    queue = squeue() if slurm and asked else None
     if queue is not None:
         snakemake.alive_jobs = sorted(j.id for j in queue.values() if j.id != head_id and (
             j.id in marked_ids or Path(j.workdir or "/").resolve() == root))
@@ -285,7 +286,8 @@ def _started(status: JobStatus, root: Path, marked: list, has_process: bool, que
                f"Slurm job {slurm_id} ended; Snakemake, on {snakemake.host}, collects it if it runs"
                if alive is None else f"Slurm job {slurm_id} ended")
     else:  # no process of this machine runs it: is the Snakemake that started it still there?
-        seen = alive is None or (alive and (slurm_id is not None or not snakemake.processes_known))
+        # (a Snakemake seen elsewhere, in its head job, runs its jobs where this machine cannot see them)
+        seen = alive is None or (alive and (slurm_id is not None or not snakemake.processes_known or not snakemake.pids))
         state = "running" if seen else "interrupted"
         how = f"Slurm job {slurm_id}" if slurm_id else (
             f"started by Snakemake on {snakemake.host}, whose processes this machine cannot see"

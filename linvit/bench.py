@@ -25,6 +25,11 @@ keeping the others'. Progress goes to stderr.
            over the sum of their training and distillation loops' times (each run's own train_time_s),
            per rule and in all. What lies between is start-up, imports, loads, the first and final
            evaluations and the writes. Target <= 1.2 (issue 42). Reads --results; trains nothing.
+- status:  seconds of `linvit status` (a subprocess: interpreter, imports, config, every job's files,
+           the text) on a generated results tree of the paper's grid (workflow/config/paper.yaml, 4,004
+           jobs; --config for another): the run's record, 60% of the students and everything before them
+           finished with benchmark files and logs, 40 started (Snakemake's markers), 20 failed, the rest to
+           run. Target <= 5 s (issue 48).
 """
 
 from __future__ import annotations
@@ -45,10 +50,12 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "workflow" / "config" / "default.yaml"
 COLUMNS = ["benchmark", "metric", "value", "unit", "target", "meets", "machine"]
-BENCHMARKS = ("train", "loader", "plan", "jobcost", "shards", "grid")
+BENCHMARKS = ("train", "loader", "plan", "jobcost", "shards", "grid", "status")
 ALL = ("train", "loader", "plan", "jobcost", "shards")  # `all`: the ones that make their own data (grid reads a finished run)
 RECORDED_JOB_S = 28.9  # a 1-step student's total before issue 10 (README: Harness benchmarks)
 TRAIN_RATIO, LOADER_RATIO, PLAN_S, JOB_FRACTION, GRID_RATIO = 0.95, 5.0, 15.0, 0.5, 1.2
+STATUS_S = 5.0  # `linvit status` on the paper grid's 4,004 jobs (issue 48)
+PAPER_CONFIG = REPO / "workflow" / "config" / "paper.yaml"
 
 
 def say(text: str) -> None:
@@ -440,6 +447,86 @@ def bench_grid(config: dict, results: str | Path = "results") -> list[dict]:
     return rows
 
 
+def status_tree(config: dict, root: Path, *, started: int = 40, failed: int = 20, fraction: float = 0.6) -> dict:
+    """A results tree of `config`'s grid in `root` as a long run leaves it: the run's record (local executor),
+    every job before the students and `fraction` of the students finished (their outputs, a benchmark TSV,
+    a log), then `started` students Snakemake marked as started and `failed` students whose log has an
+    error line; the rest to run. Returns {state: jobs} as made."""
+    import base64
+
+    from .grid import jobs
+    from .runrecord import RECORD
+
+    planned = [j for j in jobs(config) if j.rule != "report"]
+    students = [j for j in planned if j.rule == "student"]
+    done = [j for j in planned if j.rule != "student"] + students[:int(len(students) * fraction)]
+    rest = students[len(done) - (len(planned) - len(students)):]
+    made = {"finished": done, "started": rest[:started], "failed": rest[started:started + failed]}
+    for i, job in enumerate(done):
+        for out in job.outputs:
+            path = root / out
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if "." in Path(out).name:
+                path.write_text("{}")
+            else:
+                path.mkdir(exist_ok=True)
+        (root / job.log).parent.mkdir(parents=True, exist_ok=True)
+        (root / job.log).write_text(f"{job.name}: step 100/100\n")
+        if job.benchmark:
+            (root / job.benchmark).parent.mkdir(parents=True, exist_ok=True)
+            (root / job.benchmark).write_text("s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load"
+                                              f"\tcpu_time\n{600 + i % 97}\t0:10:00\t900\t1800\t800\t850\t1\t2\t98\t590\n")
+    for job in made["started"]:  # Snakemake's marks (linvit.status.incomplete_markers reads them back)
+        for out in job.outputs:
+            path = root / ".snakemake/incomplete" / base64.urlsafe_b64encode(out.encode()).decode()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"external_jobid": None}))
+        (root / job.log).parent.mkdir(parents=True, exist_ok=True)
+        (root / job.log).write_text(f"{job.name}: step 40/100\n")
+    for job in made["failed"]:
+        (root / job.log).parent.mkdir(parents=True, exist_ok=True)
+        (root / job.log).write_text(f"{job.name}: step 3/100\nlinvit: error: out of memory\n")
+    record = root / RECORD
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"config": config, "configfiles": ["paper.yaml", "paths.yaml"], "host": "login1",
+                                  "pid": 1, "started": time.time() - 86400, "executor": "local"}))
+    return made
+
+
+def bench_status(config_path: str | Path | None = None, *, repeats: int = 3) -> list[dict]:
+    """`linvit status` on a generated tree of the paper grid (or --config's), timed as a user runs it."""
+    import yaml
+
+    config = load(config_path or PAPER_CONFIG)
+    for spec in config.get("datasets", {}).values():  # a dataset read from a folder: any path validates
+        if spec.get("source") == "imagefolder" and not spec.get("path"):
+            spec["path"] = "/data"
+    from .config import validate
+
+    config = validate(config)
+    with tempfile.TemporaryDirectory(prefix="linvit-status-") as tmp:
+        root = Path(tmp)
+        say("status: writing a results tree")
+        made = status_tree(config, root)
+        (root / "grid.yaml").write_text(yaml.safe_dump(config))
+        times, out = [], ""
+        for _ in range(repeats):
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "linvit.cli", "status", "--directory", str(root)],
+                                  capture_output=True, text=True)
+            times.append(time.perf_counter() - start)
+            if proc.returncode != 0:
+                raise RuntimeError(f"linvit status failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+            out = proc.stdout
+    found = re.search(r": (\d+) jobs, (\d+) finished, ", out)
+    if not found or int(found.group(2)) != len(made["finished"]):
+        raise RuntimeError(f"linvit status did not read the tree it was given: {out.splitlines()[:1]}")
+    seconds = statistics.median(times)
+    return [row("status", "jobs", float(found.group(1)), "jobs"),
+            row("status", "finished_jobs", float(found.group(2)), "jobs"),
+            row("status", "seconds", seconds, "s", f"<= {STATUS_S:g}", seconds <= STATUS_S)]
+
+
 def run(names: list[str], *, config_path=None, shards=None, out_dir="results/bench", steps: int | None = None,
         repeats: int = 5, images: int = 4096, jobs: int = 2000, baseline=None, job_repeats: int = 1,
         machine: str | None = None, results: str | Path = "results") -> list[dict]:
@@ -464,7 +551,7 @@ def run(names: list[str], *, config_path=None, shards=None, out_dir="results/ben
         data = Path(shards).resolve() if shards else None  # absolute: jobcost's jobs run in other folders
         consumption = None
         for name in names:
-            if name not in ("plan", "grid", "shards") and data is None:
+            if name not in ("plan", "grid", "shards", "status") and data is None:
                 say("writing scikit-learn digits shards to read")
                 data = digits_shards(tmp)
             if name == "train":
@@ -477,6 +564,8 @@ def run(names: list[str], *, config_path=None, shards=None, out_dir="results/ben
                 rows = bench_grid(config, results)
             elif name == "shards":
                 rows = bench_shards()
+            elif name == "status":
+                rows = bench_status(config_path)
             else:  # jobcost (the names were checked above)
                 rows = bench_jobcost(config, data, baseline=baseline, repeats=job_repeats)
             path = save(rows, out_dir, machine)

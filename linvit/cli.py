@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(fn=cmd_benchmark)
     harness = sub.add_parser("bench", help="the harness's own speed against issue 10's targets "
                                            "(results/bench/<machine>.csv)")
-    harness.add_argument("which", choices=["train", "loader", "plan", "jobcost", "shards", "grid", "all"],
+    harness.add_argument("which", choices=["train", "loader", "plan", "jobcost", "shards", "grid", "status", "all"],
                          help="all: every benchmark but grid, which reads a finished grid's --results")
     harness.add_argument("--config", default=None, help="the grid whose student settings are timed "
                                                         "(default: workflow/config/default.yaml)")

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .distributed import World, torchrun_env
+from .distributed import World
+from .launch import torchrun_env
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 PRECISIONS = {"auto": None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,50 +1,26 @@
 """Data parallelism across the processes `torchrun` starts: one training loop, N ranks.
 
-`torchrun --standalone --nproc-per-node N --no-python linvit student ...` runs N copies of a step;
-`World.from_env` joins them into one process group (NCCL on CUDA, gloo on the CPU) after checking the
-launch (one node, torchrun rather than several `srun` tasks) and this rank's GPU. Without torchrun the
-world is one process and nothing here communicates. Every rank forms the same global batches and
-trains on its share (`linvit.data.loader`), so N ranks see exactly the batches one process would.
-
-The step (`DataParallelStep`) is the task's loss as one module (`StepModule`) in DistributedDataParallel
-(static graph, gradients as bucket views, no per-forward buffer sync), the loss averaged beside the
-gradients, one backward per forward, and a one-line refusal when the graph changes between steps.
-Only rank 0 writes; `rank_seed` gives every other rank its own random stream.
-
+`World.from_env` joins torchrun's processes into one process group (NCCL on CUDA, gloo on the CPU)
+once `linvit.launch` has checked how they were started; without torchrun the world is one process.
+`DataParallelStep` runs the task's loss as one module in DistributedDataParallel, the loss averaged
+beside the gradients; only rank 0 writes, and `rank_seed` gives each other rank its own stream.
 Why each choice, what stays exact and what does not, and the measured parity: docs/data_parallel.md.
 """
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-TIMEOUT_MIN = 30   # minutes a rank waits at a collective before the job is aborted (LINVIT_DIST_TIMEOUT_MIN)
+from .launch import bucket_mb, check_launch, check_local_gpu, check_one_node, timeout, torchrun_env
 
 
 class DataParallelError(RuntimeError):
     """A step that data parallelism cannot average correctly (its graph changed); one line."""
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value in (None, ""):
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
-
-
-def torchrun_env() -> tuple[int, int, int]:
-    """(WORLD_SIZE, RANK, LOCAL_RANK) as torchrun sets them, read without joining; (1, 0, 0) without it."""
-    return _env_int("WORLD_SIZE", 1), _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
 
 
 @dataclass(frozen=True)
@@ -87,7 +63,7 @@ class World:
         return cls(rank=rank, size=size, local_rank=local_rank)
 
     def rank_seed(self, seed: int, step: int = 0) -> int:
-        """The seed of this rank's random stream (see the module's notes); rank 0's is `seed`."""
+        """The seed of this rank's random stream ; rank 0's is `seed`."""
         return rank_seed(seed, self.rank, step)
 
     def train_step(self, task, compiled: bool = False) -> "TrainStep":
@@ -139,78 +115,6 @@ def rank_seed(seed: int, rank: int, step: int = 0) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{rank}:{step}".encode()).digest()[:8], "little") >> 1
 
 
-def _env_positive(name: str, default: float, what: str) -> float:
-    """A positive number from environment variable `name` (unset or empty: `default`), else one line."""
-    value = os.environ.get(name, "")
-    try:
-        number = float(value) if value else default
-    except ValueError:
-        number = -1
-    if not number > 0:
-        raise ValueError(f"environment variable {name}={value!r} is not a positive {what}")
-    return number
-
-
-def timeout() -> datetime.timedelta:
-    """How long a rank waits at a collective: LINVIT_DIST_TIMEOUT_MIN minutes (default `TIMEOUT_MIN`)."""
-    return datetime.timedelta(minutes=_env_positive("LINVIT_DIST_TIMEOUT_MIN", TIMEOUT_MIN, "number of minutes"))
-
-
-def check_local_gpu(local_rank: int, size: int) -> None:
-    """A ValueError in one line when this rank's GPU, cuda:LOCAL_RANK, is not there."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    shown = "unset" if visible is None else repr(visible)
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if local_rank < count:
-        return
-    raise ValueError(f"torchrun rank with LOCAL_RANK={local_rank} (one of {size} processes) has no GPU "
-                     f"cuda:{local_rank}: this process sees {count} CUDA device(s) (CUDA_VISIBLE_DEVICES "
-                     f"{shown}); start at most {count} processes per node (--nproc-per-node) or run on the CPU"
-                     if count else
-                     f"torchrun rank with LOCAL_RANK={local_rank} (one of {size} processes) was asked for "
-                     f"CUDA, but this process sees 0 CUDA devices (torch.cuda.is_available() is False; "
-                     f"CUDA_VISIBLE_DEVICES {shown})")
-
-
-def check_launch() -> None:
-    """A ValueError in one line when Slurm's srun started several copies of this command (several tasks,
-    or one torchrun per node of several): without torchrun's variables each would train alone as rank 0,
-    and all would write the same --out. The workflow's Slurm jobs run one task (`srun -n1`) in which
-    torchrun starts the ranks."""
-    tasks, nodes = _env_int("SLURM_STEP_NUM_TASKS", 1), _env_int("SLURM_STEP_NUM_NODES", 1)
-    if tasks > 1 or nodes > 1:
-        raise ValueError(f"srun started this command as {tasks} tasks on {nodes} node(s) (SLURM_STEP_NUM_TASKS="
-                         f"{tasks}, SLURM_STEP_NUM_NODES={nodes}), which would train apart into the same --out: "
-                         f"start one task on one node (srun -N1 -n1) running torchrun --standalone "
-                         f"--nproc-per-node N --no-python linvit ..., as the workflow does for a rule with gpu: N")
-
-
-def check_one_node(size: int) -> None:
-    """A ValueError in one line when torchrun spreads this job over several nodes (module notes)."""
-    nodes, local = _env_int("GROUP_WORLD_SIZE", 1), _env_int("LOCAL_WORLD_SIZE", size)
-    if nodes > 1 or local != size:
-        raise ValueError(f"torchrun started this job's {size} processes on several nodes (GROUP_WORLD_SIZE="
-                         f"{os.environ.get('GROUP_WORLD_SIZE', 'unset')}, LOCAL_WORLD_SIZE="
-                         f"{os.environ.get('LOCAL_WORLD_SIZE', 'unset')}): linvit trains data-parallel on one "
-                         f"node only; use torchrun --standalone --nproc-per-node N")
-
-
-def bucket_mb(compiled: bool = False) -> float | None:
-    """DDP's bucket size in megabytes (`bucket_cap_mb`): LINVIT_BUCKET_MB, or None when it is unset,
-    DDP's default (25 MiB buckets after a first one of 1 MiB, which an explicit size would replace).
-    `compiled`: the step runs modules torch.compile compiled, whose DDPOptimizer keeps DDP's default
-    first bucket of 1 MiB and asserts that no bucket is smaller, so a smaller size is one line here."""
-    if not os.environ.get("LINVIT_BUCKET_MB"):
-        return None
-    mb = _env_positive("LINVIT_BUCKET_MB", 0.0, "number")
-    first = dist._DEFAULT_FIRST_BUCKET_BYTES / 2**20
-    if compiled and mb < first:
-        raise ValueError(f"environment variable LINVIT_BUCKET_MB={os.environ['LINVIT_BUCKET_MB']!r} is below "
-                         f"{first:g}: under runtime.compile, dynamo's DDPOptimizer needs buckets of at least DDP's "
-                         f"first bucket ({first:g} MiB)")
-    return mb
-
-
 class TrainStep:
     """One process's step: the task's loss, its backward, the loss left on the device. No
     communication; the order of operations is the loop's as it always was."""
@@ -249,9 +153,8 @@ class StepModule(nn.Module):
 
 
 class DataParallelStep(TrainStep):
-    """The step over the ranks: `StepModule(task)` in DistributedDataParallel (options and why: module
-    notes), the loss averaged over the ranks beside the gradients, and a check that the graph did
-    not change (a parameter with a gradient at the first step has one at every step)."""
+    """The step over the ranks: `StepModule(task)` in DistributedDataParallel, the loss averaged beside
+    the gradients, and a check that a parameter with a gradient at the first step has one at every step."""
 
     def __init__(self, world: World, task, compiled: bool = False):
         super().__init__(task)
@@ -270,11 +173,9 @@ class DataParallelStep(TrainStep):
         return self.ddp(x, y)
 
     def backward(self, loss: torch.Tensor, scaler=None) -> torch.Tensor:
-        """Backward through DDP (the gradients averaged over the ranks as it runs); returns the mean of
-        the ranks' losses, on the device (all-reduced asynchronously, beside backward). One backward per
-        forward: DDP reduces a bucket once per forward, so a second backward through the same forward
-        (retain_graph, or gradient accumulation without DDP's no_sync) would leave its gradients
-        unaveraged, each rank on its own; it is refused."""
+        """Backward through DDP; returns the mean of the ranks' losses, on the device (all-reduced beside
+        backward). One per forward: DDP reduces each bucket once per forward, so a second backward
+        (retain_graph) would leave its gradients unaveraged on each rank."""
         if self.forwards != 1:
             raise DataParallelError(
                 f"data parallel step on rank {self.world.rank}: {self.forwards} forward(s) before this backward; "
@@ -289,9 +190,8 @@ class DataParallelStep(TrainStep):
         return (mean / self.world.size)[0]
 
     def _check_graph(self) -> None:
-        """A DataParallelError (one line) when a trained parameter that had a gradient at the first step
-        has none now: the graph changed under static_graph, and DDP left this rank's gradients
-        unaveraged; raised before the optimizer step (module notes)."""
+        """One line, before the optimizer step, when a parameter with a gradient at the first step has none
+        now: the graph changed under static_graph, and DDP left this rank's gradients unaveraged."""
         pattern = [p.grad is not None for p in self.params]
         if self.pattern is None:
             self.pattern = pattern

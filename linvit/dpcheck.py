@@ -85,7 +85,7 @@ class _Task:
         return {}
 
 
-def _sum_instead_of_mean(world, task):
+def _sum_instead_of_mean(world, task, compiled: bool = False):
     """`World.train_step` with DDP summing the ranks' gradients (a comm hook that does not divide): the
     fault `check(fault="sum")` plants to show that the parity check catches it."""
     import torch.distributed as dist
@@ -95,7 +95,7 @@ def _sum_instead_of_mean(world, task):
     def hook(state, bucket):
         return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
 
-    step = DataParallelStep(world, task)
+    step = DataParallelStep(world, task, compiled)
     step.ddp.register_comm_hook(None, hook)
     return step
 

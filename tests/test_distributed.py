@@ -364,7 +364,7 @@ def test_the_group_is_joined_with_a_timeout_and_this_rank_s_gpu(monkeypatch):
 
 
 def test_a_bad_bucket_size_is_one_line(monkeypatch):
-    from linvit.distributed import bucket_mb
+    from linvit.launch import bucket_mb
 
     assert bucket_mb() is None  # DDP's own default
     monkeypatch.setenv("LINVIT_BUCKET_MB", "0.5")
@@ -578,7 +578,7 @@ def test_only_rank_zero_says_a_checkpoint_is_unusable(tmp_path, monkeypatch, cap
     class Joined(Exception):
         pass
 
-    def stop(*args):  # past the checkpoint: where the ranks would meet in DDP
+    def stop(*args, **kwargs):  # past the checkpoint: where the ranks would meet in DDP
         raise Joined
 
     monkeypatch.setattr(World, "train_step", stop, raising=False)

@@ -157,8 +157,8 @@ def cmd_status(args):
 
     from .config import validate
     from .decide import current_config, status_lines
-    from .runrecord import read_record
-    from .status import collect, render, status_config
+    from .runrecord import read_record, status_config
+    from .status import collect, render
 
     if not Path(args.directory).is_dir():
         raise ValueError(f"--directory {args.directory}: no such folder (the project folder Snakemake runs in)")

@@ -39,7 +39,6 @@ the grid, file and process listings, and at most three Slurm commands (squeue; s
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -48,9 +47,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from .config import ConfigError, load_config
 from .grid import Job, jobs, operator_benchmark_path
 from .jobfiles import log_line, read_benchmark
 from .sizes import size_factor
@@ -61,7 +57,6 @@ STATES = ("finished", "running", "queued", "interrupted", "failed", "blocked", "
 TODO = ("running", "queued", "interrupted", "to run")  # the states an estimate counts
 PROGRESS = re.compile(r"\bstep (\d+)/(\d+)\b")  # linvit.train's progress lines in a job's log
 # The config section of `resources:` that gives each rule's `gpu` (the rules that take one).
-DEFAULT_CONFIG = str(Path(__file__).resolve().parents[1] / "workflow" / "config" / "default.yaml")
 GPU_RESOURCE = {"teacher": "teacher", "distill": "distill", "student": "student", "reference": "student"}
 
 
@@ -78,6 +73,7 @@ class JobStatus:
     slurm: SlurmJob | None = None  # its Slurm job now (or the last one, for a failed job)
     attempt: int = 1           # Slurm submissions of it in this run (a retried job: 2, 3, ...)
     slurm_log: str = ""        # the plugin's log of its Slurm job
+    previous: SlurmJob | None = None  # a retried job's attempt before, as Slurm ended it
 
 
 @dataclass
@@ -94,57 +90,6 @@ class GridStatus:
     @property
     def rules(self) -> list[str]:
         return list(dict.fromkeys(j.job.rule for j in self.jobs))
-
-
-def status_config(configfiles: list[str] | None, overrides: list[str] | None, record: dict | None) -> tuple[dict, str]:
-    """The config `linvit status` reads, and its name for the title: the config files merged as Snakemake
-    merges them (each over the one before, key by key), then the KEY=VALUE overrides; with none given, the
-    config the last run recorded, else the embedded default (as `snakemake` with no --configfile)."""
-    if overrides:
-        bad = next((o for o in overrides if "=" not in o), None)
-        if bad is not None:
-            hint = f"; a config file is --configfile {bad}" if bad.endswith((".yaml", ".yml", ".json")) else ""
-            raise ConfigError(f"--config {bad}: not KEY=VALUE (overrides, as Snakemake's --config takes them){hint}")
-    if not configfiles and not overrides and record is not None:
-        given = [Path(f).name for f in record.get("configfiles") or []] or ["default.yaml"]
-        given += [f"{k}={json.dumps(v)}" for k, v in (record.get("overrides") or {}).items()]
-        return record["config"], f"{' + '.join(given)} (as its run recorded)"
-    config: dict = {}
-    for path in configfiles or [DEFAULT_CONFIG]:
-        _update(config, load_config(path))
-    for entry in overrides or []:
-        key, value = entry.split("=", 1)
-        _update(config, {key: _parse_value(value)})
-    name = " + ".join([*(Path(f).name for f in configfiles or [DEFAULT_CONFIG]), *(overrides or [])])
-    return config, name
-
-
-def _update(config: dict, over: dict) -> dict:
-    """snakemake.utils.update_config: `over` into `config`, mappings merged key by key."""
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
-            _update(config[key], value)
-        else:
-            config[key] = value
-    return config
-
-
-def _parse_value(text: str):
-    """A --config value as Snakemake parses it (snakemake.cli.parse_config): int, float, True/False, then
-    YAML's base loader (strings, lists, mappings of strings), else the text."""
-    if text == "":
-        return None
-    for parse in (int, float):
-        try:
-            return parse(text)
-        except ValueError:
-            pass
-    if text in ("True", "False"):
-        return text == "True"
-    try:
-        return yaml.load(text, Loader=yaml.BaseLoader)
-    except yaml.YAMLError:
-        return text
 
 
 def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record: dict | None = None) -> GridStatus:
@@ -173,6 +118,7 @@ def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record:
     run_start = float((record or {}).get("started") or 0)
     by_name: dict[str, JobStatus] = {}
     failed_slurm: list[JobStatus] = []
+    retried: list[JobStatus] = []
     for job in planned:
         status = JobStatus(job, gpus=_gpus(config, record, job.rule))
         marked = [markers[out] for out in job.outputs if out in markers]
@@ -189,6 +135,10 @@ def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record:
             status.attempt = max(1, len(this_run))
             status.slurm_log = next((str(p) for i, p, _ in attempts if str(i) == current), "")
             _started(status, root, marked, job.log in logs, queue, snakemake, now)
+            before = [(i, p) for i, p, mtime in attempts if mtime >= run_start and str(i) != current]
+            if before:  # a retried job: how its last attempt ended
+                status.previous = SlurmJob(str(before[-1][0]), killed_by(before[-1][1]))
+                retried.append(status)
         elif unfinished and (stopped := [s for s in unfinished if _stops(s)]):
             status.state = "blocked"
             status.detail = "waits for " + ", ".join(_why(s) for s in stopped[:2]) + (
@@ -212,7 +162,7 @@ def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record:
                 elif not line:
                     status.detail = f"no error line in its log ({job.log})"
         by_name[job.name] = status
-    _slurm_ends(failed_slurm, slurm)
+    _slurm_ends(failed_slurm, retried, slurm)
     grid = GridStatus(root, list(by_name.values()), snakemake, now, slurm_known=queue is not None or not marked_ids)
     _estimate(grid, config)
     return grid
@@ -230,9 +180,11 @@ def _why(status: JobStatus) -> str:
     return f"{status.job.name} ({'blocked' if status.state == 'blocked' else status.detail.split(' (')[0]})"
 
 
-def _slurm_ends(failed: list[JobStatus], ask: bool) -> None:
-    """The failed Slurm jobs' end as Slurm remembers it (sacct, else scontrol), their logs' word otherwise."""
-    known = ended({s.slurm.id for s in failed}) if ask and failed else {}
+def _slurm_ends(failed: list[JobStatus], retried: list[JobStatus], ask: bool) -> None:
+    """How Slurm ended the failed jobs' last attempts and the retried jobs' attempts before, as Slurm remembers
+    it (sacct, else scontrol; one command), else as their Slurm logs say (slurmstepd's line)."""
+    ids = {s.slurm.id for s in failed} | {s.previous.id for s in retried}
+    known = ended(ids) if ask and ids else {}
     for s in failed:
         slurm = known.get(s.slurm.id)
         if slurm is not None and slurm.state:  # else what its log says (killed_by), if anything
@@ -242,6 +194,12 @@ def _slurm_ends(failed: list[JobStatus], ask: bool) -> None:
             said.append(f"attempt {s.attempt}")
         said.append(f"Slurm log {s.slurm_log}")
         s.detail = "; ".join([*said, *([s.detail] if s.detail else [])])
+    for s in retried:
+        slurm = known.get(s.previous.id)
+        if slurm is not None and slurm.state:
+            s.previous = slurm
+        s.detail = s.detail.replace(f"attempt {s.attempt}", f"attempt {s.attempt} (the last: Slurm job {s.previous.id} "
+                                    f"{s.previous.state or 'ended'})", 1)
 
 
 def _gpus(config: dict, record: dict | None, rule: str) -> int:

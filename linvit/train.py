@@ -39,6 +39,7 @@ import os
 import shutil
 import sys
 import time
+import types
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Protocol
@@ -220,15 +221,25 @@ class Checkpoints:
         folder.mkdir(parents=True)
         try:
             write_safetensors(folder / "model.safetensors", {k: v.cpu() for k, v in model.state_dict().items()})
-            with atomic_path(folder / "state.pt") as tmp:
+            with atomic_path(folder / "state.pt") as tmp, open(tmp, "wb") as f:
+                # torch's zip writer reports a failed write (ENOSPC on a full disk) as "enforce fail
+                # ... unexpected pos", by name or through a file object, whose OSError it swallows:
+                # the writes go through `write`, which keeps that OSError to raise instead, and
+                # atomic_path says it as "cannot write <state.pt>: No space left on device".
+                failed = []
+
+                def write(data):
+                    try:
+                        return f.write(data)
+                    except OSError as err:
+                        failed.append(err)
+                        raise
+
                 try:
-                    # Through a Python file, not by name: torch's own writer reports a failed write
-                    # (ENOSPC on a full disk) as "enforce fail ... unexpected pos", without the errno;
-                    # Python's write raises the OSError, which atomic_path says as "cannot write
-                    # <state.pt>: No space left on device".
-                    with open(tmp, "wb") as f:
-                        torch.save(state, f)
-                except RuntimeError as err:  # other failures torch reports as RuntimeError
+                    torch.save(state, types.SimpleNamespace(write=write, flush=f.flush))
+                except RuntimeError as err:
+                    if failed:
+                        raise failed[0] from None
                     raise OSError(f"cannot write {folder / 'state.pt'}: {_one_line(err)}") from None
             write_json(folder / "meta.json", meta)
         except BaseException:

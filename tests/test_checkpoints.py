@@ -302,9 +302,10 @@ def test_full_disk_at_a_checkpoint_keeps_the_previous_one(shards, tmp_path, monk
 def test_full_disk_while_saving_state_pt_says_so_and_keeps_the_previous_checkpoint(shards, tmp_path, monkeypatch,
                                                                                   capsys):
     """The disk fills while state.pt (the optimizer state, the largest file) is written: as the kernel
-    says it, ENOSPC on write (here /dev/full takes the bytes). One line naming the file and saying no
-    space is left, not torch's "enforce fail ... unexpected pos"; the previous checkpoint stays and
-    a rerun resumes from it."""
+    says it, ENOSPC on write (here /dev/full takes the bytes, opened where state.pt's temporary file
+    is). One line naming the file and saying no space is left, not torch's "enforce fail ...
+    unexpected pos"; the previous checkpoint stays and a rerun resumes from it."""
+    import builtins
     import os
     from pathlib import Path
 
@@ -313,17 +314,13 @@ def test_full_disk_while_saving_state_pt_says_so_and_keeps_the_previous_checkpoi
     out = tmp_path / "teacher"
     stopped_teacher(monkeypatch, config(), shards, out, at=5)
     kept = latest(out)
-    real = torch.save
 
-    def full_disk(obj, f, *args, **kwargs):
-        if not Path(str(getattr(f, "name", f))).name.startswith(".state.pt."):  # only state.pt's temporary file
-            return real(obj, f, *args, **kwargs)
-        if isinstance(f, (str, os.PathLike)):  # by name: torch's own C++ writer opens it
-            return real(obj, "/dev/full", *args, **kwargs)
-        with open("/dev/full", "wb") as device:  # a file object: Python's writes
-            return real(obj, device, *args, **kwargs)
+    def full_disk(file, mode="r", *args, **kwargs):
+        if Path(str(file)).name.startswith(".state.pt.") and "w" in mode:  # only state.pt's temporary file
+            return builtins.open("/dev/full", mode, *args, **kwargs)
+        return builtins.open(file, mode, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "save", full_disk)
+    monkeypatch.setattr(train_mod, "open", full_disk, raising=False)
     rc, err = cli_run(teacher_args(config(), shards, out), capsys)
     assert rc == 1 and "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("linvit: error:")]
@@ -334,9 +331,35 @@ def test_full_disk_while_saving_state_pt_says_so_and_keeps_the_previous_checkpoi
     assert latest(out) == kept and [p.name for p in (out / "checkpoint").glob("step*")] == [kept.name]
     assert not list((out / "checkpoint").rglob(".*.tmp"))
     torch.load(kept / "state.pt", weights_only=True)  # intact
-    monkeypatch.setattr(torch, "save", real)
+    monkeypatch.delattr(train_mod, "open")
     rc, err = cli_run(teacher_args(config(), shards, out), capsys)
     assert rc == 0 and "resuming from step 5" in err, err
+
+
+def test_a_real_full_disk_while_saving_state_pt(tmp_path):
+    """On a real full file system (a 1 MiB tmpfs; mounting needs root): the kernel takes part of the
+    write, then refuses with ENOSPC, and torch's writer swallows that error into "enforce fail ...
+    unexpected pos". The save says "No space left on device" naming state.pt, and the previous
+    checkpoint is whole."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (root only)")
+    try:
+        saver = train_mod.Checkpoints(disk / "checkpoint")
+        model = torch.nn.Linear(4, 4)
+        saver.save(1, model, {"step": torch.arange(3)}, {"step": 1})
+        with pytest.raises(OSError) as err:
+            saver.save(2, model, {"moments": torch.zeros(1 << 19)}, {"step": 2})  # 2 MiB: more than the disk
+        text = str(err.value)
+        assert "\n" not in text and f"cannot write {disk}/checkpoint/step00000002/state.pt: No space left on device" in text
+        assert "enforce fail" not in text
+        assert saver.latest().name == "step00000001" and not (disk / "checkpoint/step00000002").exists()
+        assert torch.equal(torch.load(saver.latest() / "state.pt", weights_only=True)["step"], torch.arange(3))
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
 
 
 # ----------------------------------------------------------------------------- budgets, progress, divergence

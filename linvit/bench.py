@@ -387,14 +387,19 @@ def bench_shards(*, per_class: int = 300, size: int = 224) -> list[dict]:
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="linvit-bench-shards-") as tmp:
         tmp = Path(tmp)
-        folder = None
+        folder, missing = None, []
         for source in ({"source": "fashion_mnist"}, {"source": "digits"}):
             try:
                 folder = make_imagefolder(source, tmp / "jpeg", size=size, per_class_train=per_class,
                                           per_class_test=max(1, per_class // 5))
                 break
             except DataError as err:  # no Fashion-MNIST here: digits ships with scikit-learn
+                missing.append(str(err).splitlines()[0])
                 say(f"shards: {source['source']} unavailable ({err}); trying the next source")
+            except ImportError as err:  # digits without scikit-learn
+                missing.append(f"digits needs scikit-learn, which is not installed ({err}): pip install scikit-learn")
+        if folder is None:
+            raise DataError(f"shards: no dataset to make the JPEG folder from: {'; '.join(missing)}")
         images = sum(1 for _ in folder.rglob("*.jpg"))
         rows, rates = [], {}
         for workers in dict.fromkeys((1, cores)):

@@ -134,6 +134,27 @@ def test_shards_benchmark_writes_a_jpeg_folder_and_estimates_imagenet(monkeypatc
         assert got[f"imagenet_1k_hours_{n}_cores"] == pytest.approx(hours)
 
 
+def test_shards_benchmark_without_a_dataset_says_what_is_missing(monkeypatch, capsys):
+    """No Fashion-MNIST (offline, not installed) and no scikit-learn for digits: one line saying both and
+    how to get them, not a traceback on the folder that was never made."""
+    from linvit.data import images
+    from linvit.data.sources import MissingDataError
+
+    def load_raw(name, spec):
+        if name == "fashion_mnist":
+            raise MissingDataError("fashion_mnist not found: set the dataset's 'path' key to a directory with the "
+                                   "four IDX files, or `apt-get install dataset-fashion-mnist`")
+        raise ModuleNotFoundError("No module named 'sklearn'")
+
+    monkeypatch.setattr(images, "load_raw", load_raw)
+    assert cli.main(["bench", "shards", "--out", "unused"]) == 1
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("linvit: error:")]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert errors[0].startswith("linvit: error: shards: no dataset to make the JPEG folder from: fashion_mnist not "
+                                "found") and errors[0].endswith("pip install scikit-learn"), errors[0]
+
+
 def test_grid_ratio_needs_a_finished_grid(tmp_path):
     """`linvit bench grid` reads a finished grid (tests/test_workflow.py checks it on the smoke grid's
     run); with nothing there it says what to do, in one line naming the folder."""

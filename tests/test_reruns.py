@@ -36,7 +36,8 @@ from scipy import stats as sps
 from linvit.grid import CONTROL_VARIANT, inits_of
 from linvit.predictions import Predictions
 from linvit.report import evaluate_claims, stats
-from linvit.report.claims import CLAIMS, Statistic, _Cell, claim_cells, statistic_estimates
+from linvit.report.aggregate import load_predictions
+from linvit.report.claims import CLAIMS, Statistic, _Cell, claim_cells
 from linvit.report.roles import RANDOM, resolve_roles
 from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE
 
@@ -54,7 +55,7 @@ ONE_TEACHER_MOVED_PAIRS = [("32f5dc8", "90a3a45"), ("3af8f66", "89ae269"), ("89a
 LEVEL = 0.99  # the comparison's two-sided level: |e1 - e2| <= t(0.995, n - 1) x SE(e1 - e2)
 DECIDED = (HOLDS, FAILS)
 # Every distinct statistic of the claims table, under its first test's name (matches and surpasses are
-# one: matches), as claims.statistic_estimates names them.
+# one: matches), as statistic_estimates names them.
 STATISTICS: dict[tuple, Statistic] = {}
 for _test in (t for c in CLAIMS for t in c.tests):
     STATISTICS.setdefault((_test.statistic.numerator, _test.statistic.denominator), _test.statistic)
@@ -257,6 +258,31 @@ def test_one_teacher_verdicts_move_with_the_teacher(before, after):
     """Under one teacher for every seed a rounding change in the teacher moves decided outcomes (the
     intervals are conditional on the teacher): the demonstration of why the grid trains a teacher per seed."""
     assert _moved(_outcomes(before), _outcomes(after))
+
+
+def statistic_estimates(runs, config: dict, predictions: dict | None = None) -> dict[tuple[str, str], stats.Estimate]:
+    """Every distinct statistic of the claims table (STATISTICS) in every cell, control cells too, where its
+    roles' runs pair: (cell key, statistic name) -> the stats.Estimate the report's test reads, whose `se` is
+    the statistic's standard error (a share's by the delta method, the one its Fieller interval is built from)."""
+    settings = stats.Settings.from_config(config)
+    if predictions is None:
+        predictions = load_predictions(runs)
+    ok = runs[runs["status"] == "ok"]
+    matches = resolve_roles(config)
+    out = {}
+    for cell_id in claim_cells(config):
+        cell = _Cell(cell_id, matches, ok, predictions, inits_of(config, cell_id[2]))
+        key = f"{cell.dataset}/{cell.size}/{cell.variant}/steps{cell.budget}"
+        for s in STATISTICS.values():
+            if cell.missing(s.roles):
+                continue
+            try:
+                sample = stats.pair({role: cell.runs(role) for role in s.roles})
+            except stats.PairingError:
+                continue
+            out[(key, s.name)] = stats.estimate(sample, dict(s.numerator),
+                                                dict(s.denominator) if s.denominator else None, settings)
+    return out
 
 
 def _estimates(name: str) -> dict:

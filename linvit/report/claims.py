@@ -289,41 +289,6 @@ def evaluate_claims(runs: pd.DataFrame, config: dict, predictions: dict | None =
     return verdicts
 
 
-def statistic_estimates(runs: pd.DataFrame, config: dict,
-                        predictions: dict | None = None) -> dict[tuple[str, str], stats.Estimate]:
-    """Every distinct statistic of the claims table (deciding or reported; a statistic two tests share,
-    e.g. matches and surpasses, once, under its first test's name) in every cell, control cells too,
-    where its roles' runs pair: (cell key, statistic name) -> the stats.Estimate the report's test
-    reads, whose `se` is the statistic's standard error (a share's by the delta method, the one its
-    Fieller interval is built from). For comparing runs of one grid (tests/test_reruns.py).
-
-    predictions: as for evaluate_claims."""
-    from linvit.report.aggregate import load_predictions
-
-    settings = stats.Settings.from_config(config)
-    if predictions is None:
-        predictions = load_predictions(runs)
-    ok = runs[runs["status"] == "ok"]
-    matches = resolve_roles(config)
-    statistics: dict[tuple, Statistic] = {}
-    for t in (t for c in CLAIMS for t in c.tests):
-        statistics.setdefault((t.statistic.numerator, t.statistic.denominator), t.statistic)
-    out = {}
-    for cell_id in claim_cells(config):
-        cell = _Cell(cell_id, matches, ok, predictions, inits_of(config, cell_id[2]))
-        key = f"{cell.dataset}/{cell.size}/{cell.variant}/steps{cell.budget}"
-        for s in statistics.values():
-            if cell.missing(s.roles):
-                continue
-            try:
-                sample = stats.pair({role: cell.runs(role) for role in s.roles})
-            except stats.PairingError:
-                continue
-            out[(key, s.name)] = stats.estimate(sample, dict(s.numerator),
-                                                dict(s.denominator) if s.denominator else None, settings)
-    return out
-
-
 def intervals_over(config: dict, size: str | None = None) -> str:
     """What the verdicts' intervals are over, from the config (linvit.config.teacher_design): 'over 5 seeds,
     each with its own teacher, and the test images' (PER_SEED), '..., conditional on one teacher (seed 0)'

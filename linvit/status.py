@@ -111,9 +111,14 @@ def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record:
     head_id = str((record or {}).get("slurm_head_job") or "")
     asked = marked_ids or slurm_index or head_id or (record or {}).get("executor") == "slurm"
     queue = squeue() if slurm and asked else None
+    # The run's Slurm jobs: those working in this folder (a job of the workflow: the plugin's comment names
+    # its rule and wildcards; Snakemake's marks do not hold their ids), or a marked id.
+    mine = [j for j in (queue or {}).values() if j.id != head_id and (
+        j.id in marked_ids or Path(j.workdir or "/").resolve() == root)]
+    slurm_of = {j.rule_wildcards: j for j in sorted(mine, key=lambda j: int(j.id) if j.id.isdigit() else 0)
+                if j.rule_wildcards}
     if queue is not None:
-        snakemake.alive_jobs = sorted(j.id for j in queue.values() if j.id != head_id and (
-            j.id in marked_ids or Path(j.workdir or "/").resolve() == root))
+        snakemake.alive_jobs = sorted(j.id for j in mine)
         snakemake.head = queue.get(head_id)
     run_start = float((record or {}).get("started") or 0)
     by_name: dict[str, JobStatus] = {}
@@ -125,16 +130,19 @@ def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record:
         present = [(root / out).exists() for out in job.outputs]
         needs = [by_name[n] for n in job.needs if n in by_name]
         unfinished = [s for s in needs if s.state != "finished"]
-        attempts = slurm_index.get((job.rule, wildcards_of(job.key)), []) if slurm_index else []
-        if all(present) and not marked and not unfinished:
+        wildcards = wildcards_of(job.key)
+        attempts = slurm_index.get((job.rule, wildcards), []) if slurm_index else []
+        marked_id = next((i for i, _ in marked if i), None)
+        slurm_job = slurm_of.get((job.rule, wildcards)) or (queue or {}).get(marked_id or "")
+        if all(present) and not marked and not unfinished and slurm_job is None:
             status.state = "finished"
             status.seconds = read_benchmark(root / job.benchmark)["wall_s"] if job.benchmark else math.nan
-        elif job.log in logs or marked:
-            current = next((i for i, _ in marked if i), None)  # its Slurm job, if it went to Slurm
+        elif job.log in logs or marked or slurm_job is not None:
+            current = slurm_job.id if slurm_job else marked_id  # its Slurm job, if it went to Slurm
             this_run = {str(i) for i, _, mtime in attempts if mtime >= run_start} | ({current} if current else set())
             status.attempt = max(1, len(this_run))
             status.slurm_log = next((str(p) for i, p, _ in attempts if str(i) == current), "")
-            _started(status, root, marked, job.log in logs, queue, snakemake, now)
+            _started(status, root, marked, job.log in logs, slurm_job, current, queue is not None, snakemake, now)
             before = [(i, p) for i, p, mtime in attempts if mtime >= run_start and str(i) != current]
             if before:  # a retried job: how its last attempt ended
                 status.previous = SlurmJob(str(before[-1][0]), killed_by(before[-1][1]))
@@ -215,18 +223,15 @@ def _gpus(config: dict, record: dict | None, rule: str) -> int:
         return 0
 
 
-def _started(status: JobStatus, root: Path, marked: list, has_process: bool, queue: dict | None,
-             snakemake: Snakemake, now: float) -> None:
-    """A job Snakemake started or a process runs: running, queued or interrupted, with its progress."""
+def _started(status: JobStatus, root: Path, marked: list, has_process: bool, slurm: SlurmJob | None,
+             slurm_id: str | None, asked: bool, snakemake: Snakemake, now: float) -> None:
+    """A job Snakemake started, Slurm holds or a process runs: running, queued or interrupted, with its
+    progress. `slurm`: its job in squeue; `slurm_id`: its Slurm job id where known; `asked`: squeue answered."""
     job = status.job
-    slurm_id = next((jobid for jobid, _ in marked if jobid), None)
     since = min((start for _, start in marked), default=None)
     progress = _progress(root / job.log)
     alive = snakemake.running
-    slurm = queue.get(slurm_id) if slurm_id and queue is not None else None
-    if has_process:
-        state, how = "running", "runs here"
-    elif slurm is not None:
+    if slurm is not None:
         status.slurm = slurm
         if slurm.waiting:
             state, progress = "queued", ""
@@ -238,7 +243,9 @@ def _started(status: JobStatus, root: Path, marked: list, has_process: bool, que
             since = slurm.started or since
             status.queued = slurm.queue_wait if slurm.queue_wait is not None else math.nan
             how = f"Slurm job {slurm_id} {slurm.state.lower()}" + (f" on {slurm.node}" if slurm.node else "")
-    elif slurm_id and queue is not None:  # Slurm no longer holds it
+    elif has_process:
+        state, how = "running", "runs here"
+    elif slurm_id and asked:  # Slurm no longer holds it
         state = "running" if alive is not False else "interrupted"
         how = (f"Slurm job {slurm_id} ended; Snakemake has yet to collect it" if alive else
                f"Slurm job {slurm_id} ended; Snakemake, on {snakemake.host}, collects it if it runs"

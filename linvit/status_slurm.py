@@ -39,6 +39,15 @@ class SlurmJob:
     ended: float | None = None
     workdir: str = ""
     node: str = ""
+    comment: str = ""               # the plugin's: rule_<rule>_wildcards_<wildcards> (or rule_<rule>)
+
+    @property
+    def rule_wildcards(self) -> tuple[str, str] | None:
+        """(rule, wildcards folder) of the Snakemake job it runs, from the plugin's comment."""
+        if not self.comment.startswith("rule_"):
+            return None
+        rule, _, wildcards = self.comment.removeprefix("rule_").partition("_wildcards_")
+        return rule, wildcards
 
     @property
     def alive(self) -> bool:
@@ -73,17 +82,17 @@ def _run(command: list[str]) -> str | None:
 
 def squeue() -> dict[str, SlurmJob] | None:
     """This user's jobs Slurm holds, by job id; None where squeue is not there or fails."""
-    out = _run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%T|%r|%V|%S|%N|%Z"])
+    out = _run(["squeue", "-h", "-u", getpass.getuser(), "-o", "%i|%T|%r|%V|%S|%N|%Z|%k"])
     if out is None:
         return None
     found = {}
     for line in out.splitlines():
-        parts = line.split("|", 6)
+        parts = line.split("|", 7)
         if len(parts) < 2:
             continue
-        parts += [""] * (7 - len(parts))
+        parts += [""] * (8 - len(parts))
         job = SlurmJob(parts[0].strip(), parts[1].strip(), parts[2].strip(), _time(parts[3]), _time(parts[4]),
-                       workdir=parts[6].strip(), node=parts[5].strip())
+                       workdir=parts[6].strip(), node=parts[5].strip(), comment=parts[7].strip())
         if job.waiting:
             job.started = None  # squeue gives a pending job's expected start time
         found[job.id] = job

@@ -76,15 +76,16 @@ def tree(tmp_path, monkeypatch):
     for out in killed.outputs:
         mark(tmp_path, out, max_len=24)  # a long name: folders of at most NAME_MAX characters
     write(tmp_path / killed.log, "distill ...: step 1/4 loss 0.2\ndistill ...: step 3/4 loss 0.1\n")
-    # squeue's lines (status asks for "%i|%T|%r|%V|%S|%N|%Z"): the running job, a student still waiting for a
+    # squeue's lines (status asks for "%i|%T|%r|%V|%S|%N|%Z|%k"): the running job, a student still waiting for a
     # node (submitted 10 minutes ago, 2 minutes after the running one started), and another user's grid.
     queued = [j for j in by_rule("student") if j.cell.init == "copy_all"][0]
-    for out in queued.outputs:
-        mark(tmp_path, out, jobid="5151")
+    for out in queued.outputs:  # Snakemake's marks of Slurm jobs hold no id: squeue's comment names the job
+        mark(tmp_path, out)
     stamp = lambda ago: time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - ago))  # noqa: E731
     bin_dir = tmp_path / "bin"
     write(bin_dir / "squeue", f"#!/bin/sh\necho '4242|RUNNING|None|{stamp(780)}|{stamp(720)}|node3|{tmp_path}'\n"
-                              f"echo '5151|PENDING|Resources|{stamp(600)}|{stamp(-3600)}||{tmp_path}'\n"
+                              f"echo '5151|PENDING|Resources|{stamp(600)}|{stamp(-3600)}||{tmp_path}|rule_student_"
+                              f"wildcards_{queued.key.replace('/steps', '/').replace('/seed', '/').replace('/', '_')}'\n"
                               "echo '99|PENDING|Priority|2026-01-01T00:00:00|N/A||/elsewhere'\n")
     (bin_dir / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")

@@ -343,7 +343,6 @@ def test_unknown_variant_fails_before_any_job(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
-@pytest.mark.slow
 def test_the_smoke_grid_runs_every_loss_design_axis_and_budget():
     """The smoke grid exercises every registered distillation loss (in a design or a strategy's
     train_losses), at least three designs, two of the literature's baselines and two budgets."""
@@ -374,9 +373,14 @@ def test_the_report_rule_hands_the_report_every_key_it_reads(tmp_path):
     assert cfg["control_inits"] == default["control_inits"]
 
 
-def killed_while_the_teacher_trains(tmp, config_path: str) -> None:
+SMOKE_PATH = str(REPO / "workflow/config/smoke.yaml")
+
+
+def killed_while_the_teacher_trains(tmp, config_path: str) -> dict:
     """Start the grid, and once `linvit status` sees its teacher running, SIGKILL Snakemake and every
-    process below it (a machine going down); then `linvit status` says what the killed run left."""
+    process below it (a machine going down). Returns what status said while the teacher ran ("during",
+    None if the grid ended before it was seen running) and what `linvit status` says of the killed run."""
+    from linvit.runrecord import read_record
     from linvit.status import collect, render
     from test_distributed import _descendants
 
@@ -384,13 +388,13 @@ def killed_while_the_teacher_trains(tmp, config_path: str) -> None:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.Popen(["snakemake", "-s", SNAKEFILE, "--directory", str(tmp), "--cores", "2", "--configfile",
                              config_path], cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    teacher, deadline = f"teacher {grid.teacher_key('micro', 0)}", time.time() + 300
+    teacher, deadline, seen = f"teacher {grid.teacher_key('micro', 0)}", time.time() + 300, None
     try:
-        while True:
-            status = collect(config, tmp)
+        while proc.poll() is None and time.time() < deadline:
+            status = collect(config, tmp, record=read_record(tmp))
             if {s.job.name: s.state for s in status.jobs}[teacher] == "running":
+                seen = status
                 break
-            assert proc.poll() is None and time.time() < deadline, "the grid ended before its teacher was seen running"
             time.sleep(0.2)
     finally:
         for pid in [proc.pid, *_descendants(proc.pid)]:
@@ -399,73 +403,153 @@ def killed_while_the_teacher_trains(tmp, config_path: str) -> None:
             except ProcessLookupError:
                 pass
         proc.wait()
-    during = render(status, config_path)
+    after = run(["linvit", "status"], cwd=tmp, check=False)
+    return {"during": render(seen, config_path) if seen else None, "after": after.stdout + after.stderr}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """The smoke grid run once, as a user would, and what each step said; the tests below read it. Killed
+    once its teacher trains, unlocked as `linvit status` then says, run again to the end; then status of
+    the finished grid, a second run, a student's eval.json deleted (a dry run, then the file put back),
+    Snakemake's HTML report, and the report regenerated from results/ alone. No step stops the others:
+    each test checks its own."""
+    tmp = tmp_path_factory.mktemp("smoke")
+    ran = {"repo_report": sorted(p.name for p in (REPO / "report").iterdir()) if (REPO / "report").exists() else []}
+    ran["killed"] = killed_while_the_teacher_trains(tmp, SMOKE_PATH)
+    snakemake(tmp, "--unlock", "--configfile", SMOKE_PATH, check=False)
+    ran["run"] = snakemake(tmp, "--cores", "2", "--configfile", SMOKE_PATH, check=False)
+    # What the report rule wrote, before anything below rewrites report/.
+    ran["written"] = {p.relative_to(tmp).as_posix() for p in (tmp / "report").rglob("*") if p.is_file()} | \
+        {f"results/{p.name}" for p in (tmp / "results").glob("*.csv")}
+    ran["readme"] = (tmp / "report/README.md").read_text() if (tmp / "report/README.md").exists() else ""
+    ran["status"] = run(["linvit", "status"], cwd=tmp, check=False)
+    ran["again"] = snakemake(tmp, "--cores", "2", "--configfile", SMOKE_PATH, check=False)
+    # A file a job wrote and the report reads, deleted after the grid finished: the next run makes it again.
+    lost = next(c for c in grid.student_cells(SMOKE) if c.distills).run_dir(tmp / "results") / "eval.json"
+    kept = tmp / "eval.json.kept"
+    if lost.exists():
+        shutil.move(lost, kept)
+    ran["lost"] = lost.relative_to(tmp).as_posix()
+    ran["lost_plan"] = snakemake(tmp, "-n", "--cores", "2", "--configfile", SMOKE_PATH, check=False)
+    if kept.exists():
+        shutil.move(kept, lost)  # its mtime kept: the grid is finished again
+    ran["html"] = snakemake(tmp, "--report", str(tmp / "report.html"), "--configfile", SMOKE_PATH, check=False)
+    shutil.rmtree(tmp / "report", ignore_errors=True)
+    ran["regen"] = snakemake(tmp, "report_from_results", "--cores", "1", "--configfile", SMOKE_PATH, check=False)
+    ran["repo_report_after"] = sorted(p.name for p in (REPO / "report").iterdir()) if (REPO / "report").exists() \
+        else []
+    return tmp, ran
+
+
+def _ok(proc) -> str:
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    return text
+
+
+@pytest.mark.slow
+def test_status_of_a_grid_killed_while_its_teacher_trains(smoke):
+    _, ran = smoke
+    during, after = ran["killed"]["during"], ran["killed"]["after"]
+    assert during is not None, "the grid ended before its teacher was seen running"
     assert re.search(r"^Snakemake: running \(process \d+", during, re.M)
-    assert re.search(r"^teacher +1 +0 +1 +0 +0 +0 +0 ", during, re.M)  # jobs, finished, running, ...
+    assert re.search(r"^teacher +1 +0 +1 +0 +0 +0 +0 +0 ", during, re.M)  # jobs, finished, running, queued, ...
     assert re.search(r"^  running +micro/seed0 .* runs here", during, re.M)
-    after = run(["linvit", "status", "--configfile", config_path], cwd=tmp).stdout
-    assert re.search(r"^teacher +1 +0 +0 +1 +0 +0 +0 ", after, re.M)  # interrupted
+    assert re.search(r"^teacher +1 +0 +0 +0 +1 +0 +0 +0 ", after, re.M)  # interrupted
     assert re.search(r"^  interrupted +micro/seed0 .*the next snakemake runs it again", after, re.M)
     assert "Snakemake: not running, but its locks are left" in after and "snakemake --unlock" in after
-    assert re.search(r"^student +40 +0 +0 +0 +0 +0 +40 ", after, re.M)  # all still to run
+    assert re.search(r"^student +40 +0 +0 +0 +0 +0 +0 +40 ", after, re.M)  # all still to run
 
 
-def test_smoke_grid_end_to_end(tmp_path):
-    before = sorted(p.name for p in (REPO / "report").iterdir()) if (REPO / "report").exists() else []
-    # Killed once its teacher trains; unlocked as `linvit status` then says, and run again to the end.
-    killed_while_the_teacher_trains(tmp_path, str(REPO / "workflow/config/smoke.yaml"))
-    snakemake(tmp_path, "--unlock", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
-    snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
-    runs = pd.read_csv(tmp_path / "results/runs.csv")
-    config = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
-    assert len(runs) == len(grid.all_cells(config)) and (runs["status"] == "ok").all()
-    assert set(runs["budget"]) == set(config["budgets"]) and len(set(runs["design"]) - {"none"}) >= 3
+@pytest.mark.slow
+def test_the_smoke_grid_finishes_every_cell(smoke):
+    tmp, ran = smoke
+    _ok(ran["run"])
+    runs = pd.read_csv(tmp / "results/runs.csv")
+    assert len(runs) == len(grid.all_cells(SMOKE)) and (runs["status"] == "ok").all()
+    assert set(runs["budget"]) == set(SMOKE["budgets"]) and len(set(runs["design"]) - {"none"}) >= 3
     assert runs["test_acc"].between(0, 1).all() and runs["fidelity_kl_mean"].notna().all()
     assert (runs["params"] > 0).all() and (runs["throughput_img_s"] > 0).all()
-    readme = (tmp_path / "report/README.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_report_writes_its_declared_files(smoke):
+    tmp, ran = smoke
     for claim in ("C1", "C2", "C3", "C4"):
-        assert claim in readme
+        assert claim in ran["readme"]
     for fig in ("accuracy_by_init.png", "training_curves.png"):
-        assert (tmp_path / "report/figures" / fig).stat().st_size > 1000
+        assert (tmp / "report/figures" / fig).stat().st_size > 1000
     # The report wrote exactly the files the `report` rule declares (linvit.grid.report_files).
-    written = {p.relative_to(tmp_path).as_posix() for p in (tmp_path / "report").rglob("*") if p.is_file()}
-    written |= {f"results/{p.name}" for p in (tmp_path / "results").glob("*.csv")}
-    assert written == set(grid.report_files(False))
-    # Every training job left its benchmark (the report's cost section reads them).
-    for cell in grid.all_cells(config):
-        assert "s\th:m:s" in cell.benchmark_path("students", tmp_path / "results").read_text()
-    assert (tmp_path / grid.benchmark_path("teacher", "micro/seed0")).exists()
-    assert len(list((tmp_path / "results/benchmarks/distill").rglob("*.tsv"))) == len(grid.distill_cells(config))
-    # `linvit bench grid`: the jobs' wall times over their loops' times, from these files, every job counted.
-    ratio = {r["metric"]: r["value"] for r in bench_grid(config, tmp_path / "results")}
-    assert ratio["jobs"] == len(grid.teacher_keys(config)) + len(grid.distill_cells(config)) + len(runs)
+    assert ran["written"] == set(grid.report_files(False))
+
+
+@pytest.mark.slow
+def test_every_training_job_left_its_benchmark(smoke):
+    """The report's cost section and `linvit bench grid` read them: the jobs' wall times over their loops'."""
+    tmp, _ = smoke
+    for cell in grid.all_cells(SMOKE):
+        assert "s\th:m:s" in cell.benchmark_path("students", tmp / "results").read_text()
+    assert (tmp / grid.benchmark_path("teacher", "micro/seed0")).exists()
+    assert len(list((tmp / "results/benchmarks/distill").rglob("*.tsv"))) == len(grid.distill_cells(SMOKE))
+    ratio = {r["metric"]: r["value"] for r in bench_grid(SMOKE, tmp / "results")}
+    assert ratio["jobs"] == len(grid.teacher_keys(SMOKE)) + len(grid.distill_cells(SMOKE)) + len(grid.all_cells(SMOKE))
     assert ratio["wall_s"] == pytest.approx(ratio["teacher_wall_s"] + ratio["distill_wall_s"] + ratio["student_wall_s"]
                                             + ratio["reference_wall_s"])
     assert 1 < ratio["wall_over_loops"] == pytest.approx(ratio["wall_s"] / ratio["loop_s"])
-    # Every trained run's TensorBoard events, a student's with its evaluation's.
-    for folder in [grid.teacher_dir("micro", 0, tmp_path / "results"),
-                   *(grid.distill_dir(c.dataset, c.size, c.variant, c.init, c.design, c.seed, tmp_path / "results")
-                     for c in grid.distill_cells(config))]:
+
+
+@pytest.mark.slow
+def test_every_trained_run_has_its_tensorboard_events(smoke):
+    tmp, _ = smoke
+    for folder in [grid.teacher_dir("micro", 0, tmp / "results"),
+                   *(grid.distill_dir(c.dataset, c.size, c.variant, c.init, c.design, c.seed, tmp / "results")
+                     for c in grid.distill_cells(SMOKE))]:
         assert list(Path(folder, grid.EVENTS).glob("*tfevents*")), folder
-    for cell in grid.all_cells(config):
-        assert len(list((cell.run_dir(tmp_path / "results") / grid.EVENTS).glob("*tfevents*.evaluate"))) == 1
-    # `linvit status` of the finished grid: every job finished, its time the benchmarks', nothing left.
-    from linvit.report.aggregate import read_benchmark
+    for cell in grid.all_cells(SMOKE):  # a student's with its evaluation's
+        assert len(list((cell.run_dir(tmp / "results") / grid.EVENTS).glob("*tfevents*.evaluate"))) == 1
+
+
+@pytest.mark.slow
+def test_status_of_the_finished_grid(smoke):
+    """Every job finished, its time the benchmarks', nothing left."""
+    from linvit.jobfiles import read_benchmark
     from linvit.status import duration
 
-    done = run(["linvit", "status", "--configfile", str(REPO / "workflow/config/smoke.yaml")], cwd=tmp_path).stdout
-    jobs = grid.jobs(config)
-    assert f": {len(jobs)} jobs, {len(jobs)} finished, 0 running, 0 interrupted, 0 failed, 0 blocked, 0 to run" in done
-    seconds = sum(read_benchmark(tmp_path / job.benchmark)["wall_s"] for job in jobs if job.benchmark)
+    tmp, ran = smoke
+    done = _ok(ran["status"])
+    jobs = grid.jobs(SMOKE)
+    assert (f": {len(jobs)} jobs, {len(jobs)} finished, 0 running, 0 queued, 0 interrupted, 0 failed, 0 blocked, "
+            "0 to run") in done
+    seconds = sum(read_benchmark(tmp / job.benchmark)["wall_s"] for job in jobs if job.benchmark)
     assert f"Time so far: {duration(seconds)} in finished jobs" in done
-    assert "Remaining: nothing\n" in done and "Snakemake: not running\n" in done
-    # A second run has nothing to do.
-    again = snakemake(tmp_path, "--cores", "2", "--configfile", str(REPO / "workflow/config/smoke.yaml"))
-    assert "Nothing to be done" in again.stdout + again.stderr
-    # Snakemake's own report of the finished grid: every file of the report rule a result, captioned.
-    snakemake(tmp_path, "--report", str(tmp_path / "report.html"),
-              "--configfile", str(REPO / "workflow/config/smoke.yaml"))
-    results, categories = snakemake_report_results((tmp_path / "report.html").read_text())
+    assert "Remaining: nothing\n" in done and re.search(r"^Snakemake: not running(;.*)?$", done, re.M)
+
+
+@pytest.mark.slow
+def test_a_second_run_has_nothing_to_do(smoke):
+    _, ran = smoke
+    assert "Nothing to be done" in _ok(ran["again"])
+
+
+@pytest.mark.slow
+def test_a_file_the_report_reads_deleted_after_the_grid_finished_is_made_again(smoke):
+    """A student's eval.json deleted: the next `snakemake` plans that student again, and the report after it
+    (Snakemake tolerates a missing file of a job whose outputs are up to date unless a target needs it:
+    `rule all` asks for every file the report reads)."""
+    _, ran = smoke
+    text = _ok(ran["lost_plan"])
+    assert "Nothing to be done" not in text
+    assert {k: v for k, v in job_counts(text).items() if k != "total"} == {"student": 1, "report": 1, "all": 1}
+    (student,) = [fields for rule, fields in planned_jobs(text) if rule == "student"]
+    assert ran["lost"] in student["output"]
+
+
+@pytest.mark.slow
+def test_snakemake_report_captions_every_file_of_the_report_rule(smoke):
+    tmp, ran = smoke
+    _ok(ran["html"])
+    results, categories = snakemake_report_results((tmp / "report.html").read_text())
     assert set(results) == set(grid.report_files(False))
     assert set(categories) == {"Claims", "Accuracy", "Cost", "Attention", "Report"}
     for path, result in results.items():
@@ -476,16 +560,16 @@ def test_smoke_grid_end_to_end(tmp_path):
         for fmt in ("png", "svg"):
             caption = re.sub(r"<[^>]+>|\s+", " ", results[f"report/figures/{name}.{fmt}"]["caption"])
             assert words in caption, (name, words, caption[:200])
-    # The report regenerates from results/ alone, without training anything.
-    shutil.rmtree(tmp_path / "report")
-    regen = snakemake(tmp_path, "report_from_results", "--cores", "1",
-                      "--configfile", str(REPO / "workflow/config/smoke.yaml"))
-    counts = job_counts(regen.stdout + regen.stderr)
+
+
+@pytest.mark.slow
+def test_the_report_regenerates_from_results_alone(smoke):
+    """report_from_results trains nothing; the repository's own report/ is never touched by tests."""
+    tmp, ran = smoke
+    counts = job_counts(_ok(ran["regen"]))
     assert counts.get("report_from_results") == 1 and "student" not in counts and "teacher" not in counts
-    assert (tmp_path / "report/README.md").read_text() == readme
-    # The repository's own report/ is never touched by tests.
-    after = sorted(p.name for p in (REPO / "report").iterdir()) if (REPO / "report").exists() else []
-    assert before == after
+    assert ran["readme"] and (tmp / "report/README.md").read_text() == ran["readme"]
+    assert ran["repo_report"] == ran["repo_report_after"]
 
 
 def snakemake_report_results(html: str) -> tuple[dict, dict]:

@@ -351,3 +351,15 @@ def test_no_unlock_advice_while_the_run_may_live(tmp_path, monkeypatch):
     assert head.snakemake.running and render(head).splitlines()[1] == "Snakemake: running in Slurm job 31 (running on node1)" \
         + f"; the last run started {time.strftime('%Y-%m-%d %H:%M', time.localtime(here['started']))} on node1 (process 1, executor slurm)"
     assert next(s for s in head.jobs if s.job.name == job.name).state == "running"
+
+
+def test_the_status_benchmark_times_status_on_a_generated_tree():
+    """`linvit bench status`'s tree and timing, on the smoke grid (the paper grid's 4,004 jobs are the
+    benchmark's own; docs/benchmarks.md): the tree's jobs read back in the states it made them."""
+    from linvit.bench import bench_status
+
+    rows = {r["metric"]: r for r in bench_status(SMOKE, repeats=1)}
+    assert rows["jobs"]["value"] == len(grid.jobs(CONFIG))
+    assert 0 < rows["seconds"]["value"] < 60 and rows["seconds"]["target"] == "<= 5"
+    students = sum(j.rule == "student" for j in grid.jobs(CONFIG))
+    assert rows["finished_jobs"]["value"] == len(grid.jobs(CONFIG)) - students - 1 + int(students * 0.6)

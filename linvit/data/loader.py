@@ -38,17 +38,16 @@ the same way; the image is whichever image key a sample has (``png``, ``jpg``, `
 from __future__ import annotations
 
 import functools
-import hashlib
 import io
 import json
 import multiprocessing
+import os
 import pickle
 import queue
 import random
-import re
 import signal
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -57,12 +56,11 @@ import numpy as np
 import torch
 import webdataset as wds
 from PIL import Image
-from webdataset.tariterators import group_by_keys
 
+from linvit.data.index import Checked, _TarReader, read_run  # noqa: F401 - _TarReader: tests import it from here
 from linvit.data.shards import MANIFEST
 from linvit.data.sources import IMAGE_SUFFIXES, DataError, MissingDataError
 from linvit.data.transforms import Pipeline, apply, preserved_rng, sample_seed
-from linvit.io import file_sha256
 
 _REQUIRED_KEYS = ("classes", "num_classes", "image_size", "channels", "mean", "std", "splits")
 # The sample keys an image may be stored under (webdataset convention: the file's extension).
@@ -77,6 +75,7 @@ LOOKAHEAD = 2  # batches handed to worker processes ahead of the one being consu
 # took 120 ms in Python (1.4% of a 200-step CPU job's training) before every epoch, and a 1-step job
 # read 10,000 samples to use 64.
 SHUFFLE_INITIAL = 1000
+OPEN_SHARDS = 32  # shard files an iterator keeps open (the least recently read is closed first)
 
 
 class ShardSet:
@@ -111,18 +110,25 @@ class ShardSet:
         self._decoded: dict[str, dict] = {}
         self._mean = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
         self._std = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1)
+        self._checked = Checked()  # the shards' indexes, checked against their stamps (linvit.data.index)
         if verify:
             self.verify()
 
+    @property
+    def bytes_read(self) -> int:
+        """Shard bytes this process has read for this ShardSet (samples, and scans of unstamped shards)."""
+        return self._checked.bytes_read
+
     def verify(self) -> None:
-        """Check every shard the manifest lists exists and has its recorded sha256."""
+        """Check every shard the manifest lists exists and has its recorded sha256: from its stamp
+        (`linvit.data.index`), hashing only a shard not stamped on this machine or changed since;
+        the shards' indexes are then loaded (and a forked loader process inherits them)."""
         for split in self.info["splits"]:
             for shard in self.info["splits"][split]["shards"]:
                 path = self.dir / shard["name"]
                 if not path.is_file():
                     raise MissingDataError(f"{path}: shard listed in {self.dir / MANIFEST} is missing")
-                if file_sha256(path) != shard["sha256"]:
-                    raise DataError(f"{path}: sha256 differs from {MANIFEST} (corrupt or rewritten shard)")
+                self._checked.offsets(path, int(shard["samples"]), shard["sha256"], verifying=True)
 
     @property
     def input_size(self) -> tuple[int, int] | None:
@@ -172,21 +178,29 @@ class ShardSet:
                 limit: int | None, skip_batches: int, rank: int, ranks: int, augment: bool, stored: bool = False,
                 ) -> Iterator:
         """`batches` read and decoded from the shards (the arguments checked, augment resolved).
-        `stored` (no pipeline): each batch as the stored images and labels (numpy; see `_normalized`)."""
+        `stored` (no pipeline): each batch as the stored images and labels (numpy; see `_normalized`).
+
+        The order is decided on placeholders, (shard, sample number) from the manifest's counts:
+        webdataset's shard shuffle and sample buffer move items by position only, never by their
+        contents, so the placeholders come out in exactly the order the samples themselves would.
+        The global batches are formed of placeholders, this rank keeps its share, and only those
+        samples are read, by their offsets (`linvit.data.index`): each rank reads about 1/ranks of
+        the bytes, and N ranks still see exactly the batches one process would."""
         shards = self._split(split)["shards"]
         urls = [str(self.dir / s["name"]) for s in shards]
         expected = {str(self.dir / s["name"]): (int(s["samples"]), s["sha256"]) for s in shards}
         # String seeds: random.Random hashes them with sha512, the same in every process.
         stages = [wds.SimpleShardList(urls, seed=f"{seed}:{epoch}:shards" if shuffle else None),
-                  functools.partial(_read_shards, expected=expected)]
+                  functools.partial(_placeholders, expected=expected)]
         if shuffle:
             stages.append(wds.shuffle(self.shuffle_buffer, initial=self.shuffle_initial,
                                       rng=random.Random(f"{seed}:{epoch}:samples")))
-        # Skip and limit on the undecoded stream: cheap, and the same samples as slicing the batches.
+        # Skip and limit on the placeholders: nothing read, the same samples as slicing the batches.
         stages.append(wds.slice(skip_batches * batch_size, limit))
-        # Global batches of undecoded samples; this rank keeps its share and decodes only that.
+        # Global batches of placeholders; this rank keeps its share and reads and decodes only that.
         own = lambda raw: raw[rank * len(raw) // ranks:(rank + 1) * len(raw) // ranks]
-        stages += [wds.batched(batch_size, collation_fn=own, partial=not drop_last), wds.select(len)]
+        stages += [wds.batched(batch_size, collation_fn=own, partial=not drop_last), wds.select(len),
+                   functools.partial(_read_batches, expected=expected, checked=self._checked)]
         if self.pipeline is not None:
             transformer = _Transformer(self.pipeline, self.num_classes, str(self.dir / MANIFEST))
             seeds = (lambda raw: [sample_seed(seed, epoch, s.get("__key__")) for s in raw]) if augment else \
@@ -583,6 +597,44 @@ def _prefetched(batches: Iterator, depth: int) -> Iterator:
         stop.set()
 
 
+def _placeholders(src: Iterator[dict], expected: dict[str, tuple[int, str]]) -> Iterator[tuple[str, int]]:
+    """Pipeline stage: shard URLs in, (url, sample number) out, as many as the manifest says."""
+    for item in src:
+        url = item["url"]
+        yield from ((url, i) for i in range(expected[url][0]))
+
+
+def _read_batches(src: Iterator[list[tuple[str, int]]], expected: dict[str, tuple[int, str]],
+                  checked: Checked) -> Iterator[list[dict]]:
+    """Pipeline stage: batches of placeholders in, batches of samples (webdataset's dicts) out.
+    A run of consecutive samples of one shard is read with one pread; a shard is checked (its
+    stamp, else a scan) when first met, so an error names it after the batches before it."""
+    files: OrderedDict[str, int] = OrderedDict()
+    try:
+        for batch in src:
+            samples, i = [], 0
+            while i < len(batch):
+                url, first = batch[i]
+                stop = first + 1
+                while i + stop - first < len(batch) and batch[i + stop - first] == (url, stop):
+                    stop += 1
+                offsets = checked.offsets(url, *expected[url])
+                if url not in files:
+                    if len(files) >= OPEN_SHARDS:
+                        os.close(files.popitem(last=False)[1])
+                    try:
+                        files[url] = os.open(url, os.O_RDONLY)
+                    except FileNotFoundError:
+                        raise MissingDataError(f"{url}: shard missing") from None
+                files.move_to_end(url)
+                samples += read_run(files[url], url, offsets, first, stop, checked)
+                i += stop - first
+            yield samples
+    finally:
+        for fd in files.values():
+            os.close(fd)
+
+
 def read_manifest(path: Path) -> dict:
     try:
         info = json.loads(path.read_text())
@@ -634,115 +686,3 @@ def _manifest_type_error(info: dict) -> str | None:
     if not isinstance(info["splits"], dict):
         return "'splits' is not a mapping of split names to their shards"
     return None
-
-
-# A tar block; headers, and the padding after each member's data, come in these.
-BLOCK = 512
-READ_CHUNK = 1 << 20  # bytes read (and hashed) at a time
-_META_NAME = re.compile(r"__[^/]*__($|/)")  # webdataset's metadata members (skipped, as it skips them)
-
-
-class _TarReader:
-    """The regular members of one tar file as (name, bytes), read in 1 MiB chunks that are also
-    hashed, so reading checks the shard's sha256 too.
-
-    Why not `tarfile`: its per-member header parsing (TarInfo.frombuf and friends) was 69% of the
-    loader's time on 28x28 PNG shards (two members of a few hundred bytes per sample). This parses
-    what webdataset's shards need: ustar/GNU headers (name, prefix, size, type), GNU long names
-    and pax path/size records, with the header checksum checked, so a damaged header is an error
-    rather than garbage; everything else (directories, links) is skipped, as webdataset does.
-    """
-
-    def __init__(self, f):
-        self.f = f
-        self.digest = hashlib.sha256()
-        self.buf, self.pos = b"", 0
-
-    def _take(self, n: int, skip: int = 0) -> bytes:
-        """The next n bytes; the `skip` bytes after them (a member's padding) are passed over."""
-        if len(self.buf) - self.pos < n + skip:
-            chunk = self.f.read(max(READ_CHUNK, n + skip))
-            self.digest.update(chunk)
-            self.buf, self.pos = self.buf[self.pos:] + chunk, 0
-            if len(self.buf) < n + skip:
-                raise DataError(f"unexpected end of data ({len(self.buf)} of {n + skip} bytes)")
-        out = self.buf[self.pos:self.pos + n]
-        self.pos += n + skip
-        return out
-
-    def members(self) -> Iterator[tuple[str, bytes]]:
-        long_name = pax = None
-        while True:
-            header = self._take(BLOCK)
-            if header[0] == 0 and header.count(0) == BLOCK:  # (a member's name is never empty)
-                return  # end-of-archive marker
-            try:
-                stored = int(header[148:156].replace(b"\0", b" ").strip() or b"0", 8)
-                size = int(header[124:136].replace(b"\0", b" ").strip() or b"0", 8)
-            except ValueError:
-                raise DataError("bad tar header (size or checksum not a number)") from None
-            if stored != sum(header) - sum(header[148:156]) + 8 * 32:  # the checksum counts itself as spaces
-                raise DataError("bad tar header checksum")
-            kind = header[156:157]
-            data = self._take(size, skip=-size % BLOCK)  # the data, then padding to the next block
-            if kind == b"L":  # GNU long name: the next member's name
-                long_name = data.rstrip(b"\0").decode("utf-8")
-                continue
-            if kind == b"x":  # pax extended header: the next member's path and size
-                pax = _pax_records(data)
-                continue
-            if kind not in (b"0", b"\0", b""):
-                long_name = pax = None
-                continue  # directories, links, global pax headers: no sample data
-            name = header[:100].split(b"\0", 1)[0].decode("utf-8")
-            if header[257:262] == b"ustar" and header[345] != 0:
-                name = header[345:500].split(b"\0", 1)[0].decode("utf-8") + "/" + name
-            if pax and "size" in pax:  # the data is what the pax record says, not the header field
-                raise DataError("pax size records are not supported")
-            name = (pax or {}).get("path") or long_name or name
-            long_name = pax = None
-            if not _META_NAME.match(name):
-                yield name, data
-
-    def hexdigest_of_rest(self) -> str:
-        # The padding after the end-of-archive marker is part of the file too.
-        while chunk := self.f.read(READ_CHUNK):
-            self.digest.update(chunk)
-        return self.digest.hexdigest()
-
-
-def _pax_records(data: bytes) -> dict[str, str]:
-    """'<length> <key>=<value>\\n' records of a pax header."""
-    out, pos = {}, 0
-    while pos < len(data) and data[pos] != 0:
-        length = int(data[pos:data.index(b" ", pos)])
-        key, _, value = data[data.index(b" ", pos) + 1:pos + length - 1].partition(b"=")
-        out[key.decode("utf-8")] = value.decode("utf-8")
-        pos += length
-    return out
-
-
-def _read_shards(src: Iterator[dict], expected: dict[str, tuple[int, str]]) -> Iterator[dict]:
-    """Pipeline stage: shard URLs in, samples out; a missing, truncated or altered shard raises naming it."""
-    for item in src:
-        url = item["url"]
-        samples, sha256 = expected[url]
-        count = 0
-        try:
-            with open(url, "rb") as f:
-                reader = _TarReader(f)
-                files = (dict(fname=name, data=data, __url__=url) for name, data in reader.members())
-                for sample in group_by_keys(files):  # webdataset's grouping into samples by key
-                    count += 1
-                    yield sample
-                digest = reader.hexdigest_of_rest()
-        except FileNotFoundError:
-            raise MissingDataError(f"{url}: shard missing") from None
-        except Exception as e:  # DataError from the reader, duplicate names... webdataset appends context to args
-            reason = str(e.args[0]).split(" @ ")[0] if e.args else type(e).__name__
-            raise DataError(f"{url}: corrupt shard ({reason})") from e
-        # A damaged member's data passes the header checks, so count and hash as well.
-        if count != samples:
-            raise DataError(f"{url}: corrupt shard ({count} samples, manifest says {samples})")
-        if digest != sha256:
-            raise DataError(f"{url}: corrupt shard (sha256 differs from the manifest)")

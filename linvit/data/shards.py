@@ -1,8 +1,9 @@
 """Write a dataset as webdataset shards plus a manifest (``_info.json``).
 
 Layout of ``out_dir``: ``{split}-{i:04d}.tar`` shards, ``_progress/{shard}.json`` (one record per
-finished shard) and ``_info.json``, written last, so its presence means every shard it lists is
-complete. Two formats:
+finished shard), ``_index/{shard}.json`` (each shard's sample offsets and the stamp of its hash,
+for the loader's random access: `linvit.data.index`) and ``_info.json``, written last, so its
+presence means every shard it lists is complete. Two formats:
 
 - ``"format": "png"`` (array sources: idx, fashion_mnist, digits, synthetic, cifar): each sample a
   ``png`` image (losslessly encoded from the arrays) and a ``cls`` label. mean/std are exact, over
@@ -57,6 +58,7 @@ import webdataset as wds
 from PIL import Image
 
 from linvit import __version__
+from linvit.data.index import INDEX, scan, write_index
 from linvit.data.sources import DataError, EncodedData, RawData, load_raw
 from linvit.io import atomic_path, file_sha256, remove_stale_temps, write_text
 
@@ -148,15 +150,17 @@ def _stage(out_dir: Path) -> Path:
     except PermissionError:
         stage = Path(out_dir) / PARTIAL.format("shards")
         (stage / PROGRESS).mkdir(parents=True, exist_ok=True)
-    for folder in (out_dir, out_dir / PROGRESS, stage, stage / PROGRESS):
+    (stage / INDEX).mkdir(exist_ok=True)
+    for folder in (out_dir, out_dir / PROGRESS, out_dir / INDEX, stage, stage / PROGRESS, stage / INDEX):
         remove_stale_temps(folder)  # what a killed writer left
     if out_dir.is_dir():
         for src in out_dir.iterdir():
             if _SHARD_NAME.match(src.name) and src.is_file():
                 _share(src, stage / src.name)
-        if (out_dir / PROGRESS).is_dir():
-            for src in (out_dir / PROGRESS).glob("*.json"):
-                _share(src, stage / PROGRESS / src.name)
+        for sub in (PROGRESS, INDEX):  # a linked shard's index stays valid: same inode, size, mtime
+            if (out_dir / sub).is_dir():
+                for src in (out_dir / sub).glob("*.json"):
+                    _share(src, stage / sub / src.name)
     return stage
 
 
@@ -202,7 +206,7 @@ def _only_shards(base: Path) -> bool:
     cwd = Path.cwd().resolve()
     if cwd == base.resolve() or base.resolve() in cwd.parents:
         return False
-    return all(p.name in (MANIFEST, PROGRESS) or (_SHARD_NAME.match(p.name) and p.is_file())
+    return all(p.name in (MANIFEST, PROGRESS, INDEX) or (_SHARD_NAME.match(p.name) and p.is_file())
                for p in base.iterdir())
 
 
@@ -211,9 +215,10 @@ def _commit_files(stage: Path, base: Path) -> None:
     for the old shards) and the new one comes last, so a reader never meets a manifest that lies."""
     base.mkdir(parents=True, exist_ok=True)
     (base / MANIFEST).unlink(missing_ok=True)
-    (base / PROGRESS).mkdir(exist_ok=True)
-    for src in sorted((stage / PROGRESS).iterdir()):
-        shutil.move(str(src), str(base / PROGRESS / src.name))
+    for sub in (PROGRESS, INDEX):
+        (base / sub).mkdir(exist_ok=True)
+        for src in sorted((stage / sub).iterdir()) if (stage / sub).is_dir() else ():
+            shutil.move(str(src), str(base / sub / src.name))
     for src in sorted(stage.iterdir()):
         if src.is_file() and src.name != MANIFEST:
             shutil.move(str(src), str(base / src.name))
@@ -342,12 +347,22 @@ def _write_shard(job: _Job) -> dict:
                     writer.write({"__key__": key, image_key(file): data, "cls": int(label),
                                   "json": json.dumps({"path": relpath}).encode()})
                     written += 1
-    record = {"name": job.name, "samples": written, "sha256": file_sha256(path), "inputs": job.inputs}
+    record = {"name": job.name, "samples": written, "sha256": _indexed(path), "inputs": job.inputs}
     if job.format == "encoded":
         record.update(skipped=skipped, hist=hist.tolist(), stats_images=stats_images,
                       size=list(next(iter(sizes))) if len(sizes) == 1 else (None if sizes else "none"))
     write_text(_record_path(out_dir, job.name), json.dumps(record) + "\n")
     return record
+
+
+def _indexed(path: Path) -> str:
+    """The shard's sha256, from one read that also writes its index and stamp (`linvit.data.index`):
+    the loader then neither scans nor hashes it again on this machine."""
+    digest, offsets, why, _ = scan(path)
+    if why is not None:  # the writer's own tar: never expected
+        raise DataError(f"{path}: the shard just written does not parse ({why})")
+    write_index(path, digest, offsets)
+    return digest
 
 
 def _check_image(file: str, channels: int, in_stats: bool):

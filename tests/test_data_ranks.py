@@ -1,0 +1,132 @@
+"""Each rank reads only its share: the order decided on placeholders equals the full stream's, each
+rank reads about 1/N of the bytes, and a shard is hashed when written and when first read on a
+machine (its stamp), not by every reader (linvit.data.index)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import torch
+import webdataset as wds
+
+from linvit.data import DataError, ShardSet, write_shards
+from linvit.data import index as shard_index
+
+SYNTH = {"source": "synthetic", "num_classes": 4, "train_samples": 256, "test_samples": 96}
+
+
+@pytest.fixture(scope="module")
+def synth_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("synth")
+    write_shards("synth", SYNTH, out, seed=3, samples_per_shard=100)
+    return out
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    """The shards and manifest as new files: no index, no stamp (as if copied from another machine)."""
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.is_file():
+            (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+def _full_stream(s: ShardSet, split, batch_size, *, seed, epoch, shuffle, drop_last, limit, skip_batches,
+                 rank, ranks):
+    """The batches as the loader made them before issue 49: every sample of every shard read through
+    webdataset's own tar reader, shuffled, batched, and rank's share of each batch decoded."""
+    urls = [str(s.dir / sh["name"]) for sh in s.info["splits"][split]["shards"]]
+    stages = [wds.SimpleShardList(urls, seed=f"{seed}:{epoch}:shards" if shuffle else None), wds.tarfile_to_samples()]
+    if shuffle:
+        stages.append(wds.shuffle(s.shuffle_buffer, initial=s.shuffle_initial,
+                                  rng=random.Random(f"{seed}:{epoch}:samples")))
+    own = lambda raw: raw[rank * len(raw) // ranks:(rank + 1) * len(raw) // ranks]  # noqa: E731
+    stages += [wds.slice(skip_batches * batch_size, limit),
+               wds.batched(batch_size, collation_fn=own, partial=not drop_last), wds.select(len)]
+    return [s._collate([s._decode(sample) for sample in raw]) for raw in wds.DataPipeline(*stages)]
+
+
+@pytest.mark.parametrize("buffer", [40, 10000])
+def test_the_placeholder_order_is_the_full_streams_order(synth_dir, buffer):
+    # The order is decided on (shard, sample number) placeholders and only the rank's samples are
+    # read: the batches must be those of reading every sample, for any seed, epoch, resume point,
+    # limit and rank (a buffer smaller than the split exercises the shuffle's refills).
+    s = ShardSet(synth_dir, shuffle_buffer=buffer, shuffle_initial=10, cache_bytes=0)
+    cases = [dict(seed=0, epoch=0, shuffle=True, drop_last=True, limit=None, skip_batches=0),
+             dict(seed=7, epoch=3, shuffle=True, drop_last=False, limit=None, skip_batches=2),
+             dict(seed=1, epoch=1, shuffle=True, drop_last=False, limit=70, skip_batches=1),
+             dict(seed=0, epoch=0, shuffle=False, drop_last=False, limit=None, skip_batches=1)]
+    for case in cases:
+        for rank, ranks in ((0, 1), (0, 3), (2, 3)):
+            want = _full_stream(s, "train", 24, **case, rank=rank, ranks=ranks)
+            got = list(s.batches("train", 24, **case, rank=rank, ranks=ranks))
+            assert len(got) == len(want) > 0, (case, rank, ranks)
+            for (x, y), (xw, yw) in zip(got, want):
+                assert torch.equal(x, xw) and torch.equal(y, yw), (case, rank, ranks)
+
+
+def test_each_rank_reads_its_share_of_the_bytes(synth_dir):
+    # Shards written here are stamped by the writer: opening them hashes nothing.
+    one = ShardSet(synth_dir)
+    assert one.bytes_read == 0
+    kw = dict(seed=2, epoch=1, shuffle=True, drop_last=True)
+    batches = list(one.batches("train", 32, **kw))
+    whole = one.bytes_read
+    shard_bytes = sum((synth_dir / sh["name"]).stat().st_size for sh in one.info["splits"]["train"]["shards"])
+    assert 0.8 * shard_bytes < whole <= shard_bytes  # every sample once (not the tar's end padding)
+    for ranks in (2, 4):
+        shares = []
+        for rank in range(ranks):
+            s = ShardSet(synth_dir)
+            got = list(s.batches("train", 32, **kw, rank=rank, ranks=ranks))
+            assert len(got) == len(batches)
+            shares.append(s.bytes_read)
+        assert sum(shares) == whole
+        assert all(abs(b - whole / ranks) < 0.1 * whole / ranks for b in shares), (ranks, shares, whole)
+
+
+def test_an_unstamped_shard_is_indexed_on_first_read_and_hashed_once(synth_dir, tmp_path):
+    d = _copy(synth_dir, tmp_path / "d")
+    names = [sh["name"] for sh in json.loads((d / "_info.json").read_text())["splits"]["train"]["shards"]]
+    size = {n: (d / n).stat().st_size for n in names}
+    first = ShardSet(d, verify=False, cache_bytes=0)
+    next(first.batches("train", 8))  # touches train-0000 only
+    assert first.bytes_read > size[names[0]]  # the scan (hash and index), then the batch's samples
+    assert sorted(p.name for p in (d / "_index").iterdir()) == [f"{names[0]}.json"]
+    # A new reader (another rank, the next job) finds the stamps: it hashes only what is new.
+    second = ShardSet(d)
+    assert second.bytes_read == sum(size.values()) - size[names[0]] + sum(
+        (d / sh["name"]).stat().st_size for sh in second.info["splits"]["test"]["shards"])
+    assert ShardSet(d).bytes_read == 0
+    # A shard touched (its mtime changed) is hashed again, passes, and is stamped again.
+    os.utime(d / names[1], ns=(0, (d / names[1]).stat().st_mtime_ns + 10**9))
+    assert ShardSet(d).bytes_read == size[names[1]]
+    assert ShardSet(d).bytes_read == 0
+
+
+def test_a_shard_changed_after_its_stamp_is_hashed_again_and_refused(synth_dir, tmp_path):
+    d = _copy(synth_dir, tmp_path / "d")
+    ShardSet(d)  # stamps every shard
+    shard = d / "train-0001.tar"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the same size: only the hash (or a header's checksum) can tell
+    mtime = shard.stat().st_mtime_ns
+    shard.write_bytes(bytes(data))
+    os.utime(shard, ns=(0, mtime + 10**9))  # (a clock tick apart: a rewrite within one tick keeps the mtime)
+    with pytest.raises(DataError, match=r"train-0001\.tar: sha256 differs from _info\.json"):
+        ShardSet(d)
+    with pytest.raises(DataError, match=r"train-0001\.tar: corrupt shard"):
+        list(ShardSet(d, verify=False).batches("train", 32, seed=0, shuffle=True))
+
+
+def test_an_index_folder_that_cannot_be_written_uses_the_cache(synth_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(shard_index, "CACHE", tmp_path / "cache")
+    d = _copy(synth_dir, tmp_path / "d")
+    (d / "_index").write_text("not a folder")  # as read-only storage would refuse it
+    assert ShardSet(d).bytes_read > 0
+    assert len(list((tmp_path / "cache").glob("*-train-0000.tar.json"))) == 1
+    assert ShardSet(d).bytes_read == 0

@@ -380,3 +380,77 @@ def test_a_job_slurm_kills_is_resubmitted_and_resumes(slurm_cluster, tmp_path):
     assert 0 < step < 300, log  # a checkpoint every 20 steps and at each epoch's end (6 steps)
     assert "step 300/300" in log
     assert (teacher / "model.safetensors").exists()
+
+
+def _status(root: Path) -> str:
+    """`linvit status` from a second shell: the project folder's run, as its record says."""
+    return run(["linvit", "status", "--directory", str(root)], cwd=REPO).stdout
+
+
+def _status_when(root: Path, ready, seconds: float, step: float = 2.0) -> str:
+    """`linvit status` once `ready(text)` holds (asked every `step` s); '' if it never does within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        text = _status(root)
+        if ready(text):
+            return text
+        if time.monotonic() > deadline:
+            return ""
+        time.sleep(step)
+
+
+@pytest.mark.slurm
+def test_status_from_a_second_shell_while_snakemake_runs_in_a_head_job(slurm_cluster, tmp_path):
+    """Snakemake itself in an sbatch head job (one CPU), the rest of the node taken by another job: the shards
+    job waits in the queue, and `linvit status` (the test's own shell) says so: queued, not running, its wait
+    apart, Snakemake running in its head job, no `--unlock`. Then the node is freed; the teacher, given a
+    one-minute time limit it cannot meet, is ended by Slurm (TIMEOUT) and resubmitted (--retries 1): status
+    shows attempt 2 and how attempt 1 ended. That one is cancelled: status shows it failed, with Slurm's
+    state, the attempt and its Slurm log, while Snakemake is still in its head job."""
+    config = dict(SMOKE, targets=["synthetic"], inits=["random"], budgets=[3],
+                  resources={"teacher": {"threads": 1, "runtime": 1}})
+    config["teacher"] = dict(SMOKE["teacher"], train=dict(SMOKE["teacher"]["train"], steps=100000,
+                                                          checkpoint_every=50, eval_every=0))
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
+    os.symlink(REPO / "slurm", tmp_path / "slurm")
+    env = profile_env(**NO_ACCOUNTING)
+    command = (f"snakemake --profile slurm -s {SNAKEFILE} --configfile grid.yaml --retries 1 "
+               "--slurm-init-seconds-before-status-checks 2 results/teacher/micro/seed0/model.json")
+    sbatch = ["sbatch", "--parsable", "--mem", "1000", "--chdir", str(tmp_path)]
+    head = subprocess.run([*sbatch, "-c", "1", "-o", "head.out", "--wrap", command], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    blocker = None
+    try:
+        state = lambda job: subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,  # noqa: E731
+                                           text=True).stdout.strip()
+        for _ in range(60):
+            if state(head) == "RUNNING":
+                break
+            time.sleep(1)
+        assert state(head) == "RUNNING", state(head)
+        blocker = run([*sbatch, "-c", str(os.cpu_count() - 1), "--wrap", "sleep 600"], cwd=tmp_path).stdout.strip()
+        out = _status_when(tmp_path, lambda text: ", 1 queued, " in text.splitlines()[0], 90)
+        assert out, (tmp_path / "head.out").read_text()[-3000:]
+        lines = out.splitlines()
+        assert ", 0 running, 1 queued, " in lines[0] and "(as its run recorded)" in lines[0]
+        assert f"in Slurm job {head} (running on " in lines[1] and lines[1].startswith("Snakemake: running"), out
+        assert re.search(r"^  queued +synthetic +- +Slurm job \d+ pending \((?:Resources|Priority)\) for \d+ s", out, re.M), out
+        assert "Queue: 1 job waiting in Slurm's queue" in out and "Time so far: - in finished jobs" in out
+        assert "--unlock" not in out and "interrupted" not in out.split("\n\n")[-1]
+        subprocess.run(["scancel", blocker], check=True)
+        # The teacher past its limit: Slurm ends it, Snakemake resubmits it.
+        retried = re.compile(r"^  (?:running|queued) +micro/seed0 .*attempt 2 \(the last: Slurm job (\d+) TIMEOUT\)", re.M)
+        out = _status_when(tmp_path, retried.search, 240, 5)
+        assert out, _status(tmp_path) + (tmp_path / "head.out").read_text()[-3000:]
+        first = retried.search(out).group(1)
+        assert "--unlock" not in out and " 0 interrupted, " in out.splitlines()[0]
+        assert (tmp_path / f".snakemake/slurm_logs/rule_teacher/micro_0/{first}.log").is_file()
+        second = next(line.split("|")[0] for line in subprocess.run(
+            ["squeue", "-h", "-o", "%i|%k"], capture_output=True, text=True).stdout.splitlines()
+            if line.endswith("|rule_teacher_wildcards_micro_0"))
+        subprocess.run(["scancel", second], check=True)
+        failed = f"Slurm job {second} CANCELLED; attempt 2; Slurm log {tmp_path}/.snakemake/slurm_logs/rule_teacher/micro_0/{second}.log"
+        out = _status_when(tmp_path, lambda text: failed in text, 120)
+        assert re.search(rf"^  failed +micro/seed0 +- +{re.escape(failed)}", out, re.M), _status(tmp_path)
+    finally:
+        subprocess.run(["scancel", head, *([blocker] if blocker else [])], capture_output=True)

@@ -1,5 +1,7 @@
-"""Where each sample of a shard lies, and which shards have been checked: random access into
-webdataset tar shards, hashed once per machine.
+"""The shard folder as the loader reads it: the manifest's checks (`read_manifest`), where each
+sample of a shard lies and which shards have been checked (random access into webdataset tar
+shards, hashed once per machine), and the loader's two reading stages (`_placeholders`: the
+samples as (shard, number); `_read_batches`: the samples a batch of those names, read by offset).
 
 A shard's index is the byte offset of each sample's first tar header (plus the end of the last
 sample), so a reader fetches one sample with one `os.pread` and parses only its members. The
@@ -36,6 +38,7 @@ import os
 import re
 from contextlib import contextmanager
 from pathlib import Path
+from collections import OrderedDict
 from typing import Iterator
 
 from webdataset.tariterators import base_plus_ext, group_by_keys
@@ -43,12 +46,14 @@ from webdataset.tariterators import base_plus_ext, group_by_keys
 from linvit.data.sources import DataError, MissingDataError
 from linvit.io import write_text
 
+_REQUIRED_KEYS = ("classes", "num_classes", "image_size", "channels", "mean", "std", "splits")
 INDEX = "_index"  # beside the shards: {shard}.json, each shard's index and verification stamp
 # Where a reader keeps the indexes of shards whose folder it cannot write.
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "linvit" / "shard-index"
 # A tar block; headers, and the padding after each member's data, come in these.
 BLOCK = 512
 READ_CHUNK = 1 << 20  # bytes read (and hashed) at a time
+OPEN_SHARDS = 32  # shard files a reader keeps open (the least recently read is closed first)
 _META_NAME = re.compile(r"__[^/]*__($|/)")  # webdataset's metadata members (skipped, as it skips them)
 
 
@@ -300,3 +305,94 @@ def read_run(fd: int, url: str, offsets: list[int], first: int, stop: int, check
         raise DataError(f"{url}: corrupt shard ({len(samples)} samples at bytes {start}..{end}, "
                         f"its index says {stop - first})")
     return samples
+
+
+def _placeholders(src: Iterator[dict], expected: dict[str, tuple[int, str]]) -> Iterator[tuple[str, int]]:
+    """Pipeline stage: shard URLs in, (url, sample number) out, as many as the manifest says."""
+    for item in src:
+        url = item["url"]
+        yield from ((url, i) for i in range(expected[url][0]))
+
+
+def _read_batches(src: Iterator[list[tuple[str, int]]], expected: dict[str, tuple[int, str]],
+                  checked: Checked) -> Iterator[list[dict]]:
+    """Pipeline stage: batches of placeholders in, batches of samples (webdataset's dicts) out.
+    A run of consecutive samples of one shard is read with one pread; a shard is checked (its
+    stamp, else a scan) when first met, so an error names it after the batches before it."""
+    files: OrderedDict[str, int] = OrderedDict()
+    try:
+        for batch in src:
+            samples, i = [], 0
+            while i < len(batch):
+                url, first = batch[i]
+                stop = first + 1
+                while i + stop - first < len(batch) and batch[i + stop - first] == (url, stop):
+                    stop += 1
+                offsets = checked.offsets(url, *expected[url])
+                if url not in files:
+                    if len(files) >= OPEN_SHARDS:
+                        os.close(files.popitem(last=False)[1])
+                    try:
+                        files[url] = os.open(url, os.O_RDONLY)
+                    except FileNotFoundError:
+                        raise MissingDataError(f"{url}: shard missing") from None
+                files.move_to_end(url)
+                samples += read_run(files[url], url, offsets, first, stop, checked)
+                i += stop - first
+            yield samples
+    finally:
+        for fd in files.values():
+            os.close(fd)
+
+
+def read_manifest(path: Path) -> dict:
+    try:
+        info = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MissingDataError(f"{path}: no shard manifest (shards not written, or writing was interrupted)") from None
+    except (OSError, ValueError) as e:  # ValueError covers bad JSON and bad UTF-8
+        raise DataError(f"{path}: corrupt shard manifest ({e})") from e
+    if not isinstance(info, dict):
+        raise DataError(f"{path}: corrupt shard manifest (not a JSON object)")
+    for key in _REQUIRED_KEYS:
+        if key not in info:
+            raise DataError(f"{path}: shard manifest lacks key {key!r}")
+    wrong = _manifest_type_error(info)
+    if wrong:
+        raise DataError(f"{path}: shard manifest key {wrong}")
+    for split, entry in info["splits"].items():
+        try:
+            consistent = sum(s["samples"] for s in entry["shards"]) == entry["samples"] and all(
+                isinstance(s["name"], str) and isinstance(s["sha256"], str) for s in entry["shards"])
+        except (KeyError, TypeError) as e:
+            raise DataError(f"{path}: split {split!r} entry is malformed ({type(e).__name__}: {e})") from None
+        if not consistent:
+            raise DataError(f"{path}: split {split!r} shard entries do not add up to {entry['samples']} samples")
+    return info
+
+
+def _manifest_type_error(info: dict) -> str | None:
+    """What is wrong with the types of a manifest's fields (as `shards.write_shards` writes them),
+    or None: the readers index and do arithmetic with them, where a wrong type fails far away."""
+    def whole(v, low=1):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    def numbers(v):
+        return isinstance(v, list) and len(v) == info["channels"] and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+
+    size = info["image_size"]
+    if not whole(info["num_classes"]):
+        return f"'num_classes' is {info['num_classes']!r}, not a positive whole number"
+    if not isinstance(info["classes"], list) or len(info["classes"]) != info["num_classes"]:
+        return f"'classes' is not a list of its {info['num_classes']} class names"
+    if info["channels"] not in (1, 3) or isinstance(info["channels"], bool):
+        return f"'channels' is {info['channels']!r}, not 1 or 3"
+    if size is not None and not (isinstance(size, list) and len(size) == 2 and all(whole(s) for s in size)):
+        return f"'image_size' is {size!r}, not [height, width] (or null for images of mixed sizes)"
+    for key in ("mean", "std"):
+        if not numbers(info[key]):
+            return f"{key!r} is {info[key]!r}, not one number per channel"
+    if not isinstance(info["splits"], dict):
+        return "'splits' is not a mapping of split names to their shards"
+    return None

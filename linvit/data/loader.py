@@ -5,11 +5,10 @@ run resumed mid-epoch (``skip_batches``) sees exactly the batches the uninterrup
 (webdataset's multi-process loading splits the shards between workers and interleaves their
 output, which would change the order.) The work is split instead where it costs:
 
-- by rank: under torchrun, every rank reads the same stream and groups it into the same global
-  batches; rank r keeps its contiguous share (``rank``/``ranks``) and decodes only that. So every
-  rank has the same number of batches, and N ranks train on exactly the batches one process would.
-  The cost is that each rank reads (not decodes) the whole stream; on one node the page cache
-  serves the repeated reads.
+- by rank: under torchrun, every rank orders the same placeholders, (shard, sample number), into
+  the same global batches; rank r keeps its contiguous share (``rank``/``ranks``) and reads (by
+  offset, `linvit.data.index`) and decodes only that: about 1/N of the bytes. So every rank has the
+  same number of batches, and N ranks train on exactly the batches one process would.
 - by worker: ``workers`` > 0 decodes each batch's images in that many threads, in order (the same
   samples in the same order, so the same batches); ``prefetch`` > 0 reads and decodes that many
   batches ahead in a child process forked for the iterator, so the training step never waits on
@@ -41,13 +40,12 @@ import functools
 import io
 import json
 import multiprocessing
-import os
 import pickle
 import queue
 import random
 import signal
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -57,12 +55,12 @@ import torch
 import webdataset as wds
 from PIL import Image
 
-from linvit.data.index import Checked, _TarReader, read_run  # noqa: F401 - _TarReader: tests import it from here
+from linvit.data.index import Checked, _read_batches, _placeholders, read_manifest
+from linvit.data.index import _TarReader  # noqa: F401 - tests read shards with it
 from linvit.data.shards import MANIFEST
 from linvit.data.sources import IMAGE_SUFFIXES, DataError, MissingDataError
 from linvit.data.transforms import Pipeline, apply, preserved_rng, sample_seed
 
-_REQUIRED_KEYS = ("classes", "num_classes", "image_size", "channels", "mean", "std", "splits")
 # The sample keys an image may be stored under (webdataset convention: the file's extension).
 IMAGE_KEYS = frozenset({s[1:] for s in IMAGE_SUFFIXES} | {"jpg", "jpeg", "png", "tiff"})
 # The PIL format of a sample key, so that decoding tries that plugin only (None: PIL guesses).
@@ -75,7 +73,6 @@ LOOKAHEAD = 2  # batches handed to worker processes ahead of the one being consu
 # took 120 ms in Python (1.4% of a 200-step CPU job's training) before every epoch, and a 1-step job
 # read 10,000 samples to use 64.
 SHUFFLE_INITIAL = 1000
-OPEN_SHARDS = 32  # shard files an iterator keeps open (the least recently read is closed first)
 
 
 class ShardSet:
@@ -595,94 +592,3 @@ def _prefetched(batches: Iterator, depth: int) -> Iterator:
             yield item
     finally:
         stop.set()
-
-
-def _placeholders(src: Iterator[dict], expected: dict[str, tuple[int, str]]) -> Iterator[tuple[str, int]]:
-    """Pipeline stage: shard URLs in, (url, sample number) out, as many as the manifest says."""
-    for item in src:
-        url = item["url"]
-        yield from ((url, i) for i in range(expected[url][0]))
-
-
-def _read_batches(src: Iterator[list[tuple[str, int]]], expected: dict[str, tuple[int, str]],
-                  checked: Checked) -> Iterator[list[dict]]:
-    """Pipeline stage: batches of placeholders in, batches of samples (webdataset's dicts) out.
-    A run of consecutive samples of one shard is read with one pread; a shard is checked (its
-    stamp, else a scan) when first met, so an error names it after the batches before it."""
-    files: OrderedDict[str, int] = OrderedDict()
-    try:
-        for batch in src:
-            samples, i = [], 0
-            while i < len(batch):
-                url, first = batch[i]
-                stop = first + 1
-                while i + stop - first < len(batch) and batch[i + stop - first] == (url, stop):
-                    stop += 1
-                offsets = checked.offsets(url, *expected[url])
-                if url not in files:
-                    if len(files) >= OPEN_SHARDS:
-                        os.close(files.popitem(last=False)[1])
-                    try:
-                        files[url] = os.open(url, os.O_RDONLY)
-                    except FileNotFoundError:
-                        raise MissingDataError(f"{url}: shard missing") from None
-                files.move_to_end(url)
-                samples += read_run(files[url], url, offsets, first, stop, checked)
-                i += stop - first
-            yield samples
-    finally:
-        for fd in files.values():
-            os.close(fd)
-
-
-def read_manifest(path: Path) -> dict:
-    try:
-        info = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise MissingDataError(f"{path}: no shard manifest (shards not written, or writing was interrupted)") from None
-    except (OSError, ValueError) as e:  # ValueError covers bad JSON and bad UTF-8
-        raise DataError(f"{path}: corrupt shard manifest ({e})") from e
-    if not isinstance(info, dict):
-        raise DataError(f"{path}: corrupt shard manifest (not a JSON object)")
-    for key in _REQUIRED_KEYS:
-        if key not in info:
-            raise DataError(f"{path}: shard manifest lacks key {key!r}")
-    wrong = _manifest_type_error(info)
-    if wrong:
-        raise DataError(f"{path}: shard manifest key {wrong}")
-    for split, entry in info["splits"].items():
-        try:
-            consistent = sum(s["samples"] for s in entry["shards"]) == entry["samples"] and all(
-                isinstance(s["name"], str) and isinstance(s["sha256"], str) for s in entry["shards"])
-        except (KeyError, TypeError) as e:
-            raise DataError(f"{path}: split {split!r} entry is malformed ({type(e).__name__}: {e})") from None
-        if not consistent:
-            raise DataError(f"{path}: split {split!r} shard entries do not add up to {entry['samples']} samples")
-    return info
-
-
-def _manifest_type_error(info: dict) -> str | None:
-    """What is wrong with the types of a manifest's fields (as `shards.write_shards` writes them),
-    or None: the readers index and do arithmetic with them, where a wrong type fails far away."""
-    def whole(v, low=1):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-    def numbers(v):
-        return isinstance(v, list) and len(v) == info["channels"] and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-
-    size = info["image_size"]
-    if not whole(info["num_classes"]):
-        return f"'num_classes' is {info['num_classes']!r}, not a positive whole number"
-    if not isinstance(info["classes"], list) or len(info["classes"]) != info["num_classes"]:
-        return f"'classes' is not a list of its {info['num_classes']} class names"
-    if info["channels"] not in (1, 3) or isinstance(info["channels"], bool):
-        return f"'channels' is {info['channels']!r}, not 1 or 3"
-    if size is not None and not (isinstance(size, list) and len(size) == 2 and all(whole(s) for s in size)):
-        return f"'image_size' is {size!r}, not [height, width] (or null for images of mixed sizes)"
-    for key in ("mean", "std"):
-        if not numbers(info[key]):
-            return f"{key!r} is {info[key]!r}, not one number per channel"
-    if not isinstance(info["splits"], dict):
-        return "'splits' is not a mapping of split names to their shards"
-    return None

@@ -35,7 +35,7 @@ from .models import build_vit, model_name
 from .predictions import PREDICTIONS, split_digest, write_predictions
 from .registry import SOFTMAX
 from .train import TrainSpec, fit, live_log_path, publish_log
-from .teachers import adapt, build_model, check_fit, describe, load_pretrained
+from .teachers import adapt, build_model, check_built_from, check_fit, describe, load_pretrained
 from .transfer import GROUPS, copy_groups
 
 
@@ -299,6 +299,7 @@ def _teacher(config: dict, dataset: str, size: str, teacher_dir, shards_dir, run
     arch = read_json(teacher_dir / "model.json", what="teacher description")
     if arch.get("size") != size:
         raise ValueError(f"teacher {teacher_dir} is size {arch.get('size')!r}, the student is {size!r}")
+    check_built_from(teacher_dir, arch)
     spec = _dataset_spec(config, dataset)
     info = read_manifest(Path(shards_dir) / MANIFEST)
     if info.get("dataset", dataset) != dataset:  # else a run of one dataset is filed under another's name

@@ -39,7 +39,7 @@ from .models import model_name, model_variant, swap_attention
 from .registry import SOFTMAX
 
 __all__ = ["TeacherError", "describe", "build_model", "load_weights", "load_pretrained", "adapt",
-           "check_fit", "save_timm_checkpoint"]
+           "check_fit", "check_built_from", "save_timm_checkpoint"]
 
 # Keys of the arch that are the model's geometry, never create_model keywords in model_args.
 _GEOMETRY = ("num_classes", "img_size", "in_chans")
@@ -312,6 +312,31 @@ def load_pretrained(timm_model: str, *, file=None, model_args: dict | None = Non
     arch["pretrained_cfg"].update({k: v for k, v in (sidecar.get("pretrained_cfg") or {}).items()
                                    if k in _CFG_KEYS and k != "input_size"})
     return model.eval(), arch
+
+
+def check_built_from(folder, arch: dict) -> None:
+    """A loaded teacher's folder still stands for its weights file: the file its job recorded (config.json's
+    `teacher_file`: resolved path, size, mtime; linvit.config.file_stamp) exists and, if its size or mtime
+    moved, still has the sha256 of model.json. Snakemake reruns a teacher whose file changed, but plans
+    no job for a file that is gone and then lets the students read the old folder. A folder made outside
+    the workflow records no file and is not checked."""
+    from .config import file_stamp
+
+    folder = Path(folder)
+    try:
+        record = json.loads((folder / "config.json").read_text())["config"]["teacher_file"]
+        path, built = Path(record["path"]), (record["size"], record["mtime_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if arch.get("source") != "file":
+        return
+    if not path.is_file():
+        raise TeacherError(f"teacher folder {folder} was built from {path}, which no longer exists: restore it, "
+                           f"or name the teacher's new file in the config (the workflow then rebuilds the folder)")
+    now = file_stamp({"file": str(path)})
+    if (now["size"], now["mtime_ns"]) != built and file_sha256(path) != arch.get("sha256"):
+        raise TeacherError(f"teacher folder {folder} was built from another version of {path} (its sha256 is not "
+                           f"model.json's): rerun that teacher (the workflow plans it)")
 
 
 def timm_config(file) -> dict:

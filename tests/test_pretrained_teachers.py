@@ -206,6 +206,52 @@ def test_a_replicate_file_replaced_by_an_older_copy_reruns_its_teacher(ran, tmp_
         os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
+def test_a_missing_replicate_file_stops_the_workflow_before_any_job(ran, tmp_path):
+    """A replicate naming a file that does not exist, where an earlier config built every teacher folder:
+    the workflow refuses in one line naming the key (Snakemake alone plans no teacher job and lets the
+    students read the folder the earlier file made)."""
+    tmp, cfg, _ = ran
+    changed = json.loads(json.dumps(cfg))
+    changed["teachers"]["regvit"]["replicates"][1] = {"file": str(tmp / "gone.safetensors")}
+    (tmp_path / "changed.yaml").write_text(yaml.safe_dump(changed))
+    out = snakemake(tmp, "-n", "--cores", "2", "--configfile", str(tmp_path / "changed.yaml"), check=False)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "Job stats" not in text
+    key = f"config key teachers.regvit.replicates[1].file: {tmp / 'gone.safetensors'} does not exist"
+    assert len([line for line in text.splitlines() if key in line]) == 1, text
+
+
+def test_a_student_refuses_a_teacher_folder_its_file_no_longer_matches(ran, tmp_path):
+    """The folder records the file it was built from: a distillation reading it after the file was replaced
+    by other weights, or removed, is one line naming both (run by hand, or by Snakemake, which plans no
+    teacher job for a missing file); a file only touched still matches (its sha256 is model.json's)."""
+    from linvit.device import cpu_runtime
+    from linvit.steps import run_distill
+    from linvit.teachers import TeacherError, check_built_from
+
+    tmp, cfg, _ = ran
+    folder, file = tmp / grid.teacher_of(cfg, "deit", 0), tmp / "deit.safetensors"
+    arch = json.loads((folder / "model.json").read_text())
+    distill = lambda: run_distill(cfg, "jpegs", "deit", "elu", "copy_mlp_distill", "mse", 0, folder,
+                                  tmp / grid.shards_dir("jpegs"), tmp_path / "out", runtime=cpu_runtime())
+    kept, stat = file.read_bytes(), file.stat()
+    try:
+        os.utime(file)
+        check_built_from(folder, arch)
+        torch.manual_seed(5)
+        save_file(timm.create_model("deit_tiny_patch16_224", pretrained=False).state_dict(), str(file))
+        with pytest.raises(TeacherError, match=f"^teacher folder {re.escape(str(folder))} was built from another "
+                                               f"version of {re.escape(str(file))} "):
+            distill()
+        file.unlink()
+        with pytest.raises(TeacherError, match=f"was built from {re.escape(str(file))}, which no longer exists"):
+            distill()
+        assert not (tmp_path / "out" / "metrics.json").exists()
+    finally:
+        file.write_bytes(kept)
+        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
 def _run_step(tmp, cfg, dataset_spec, size="deit"):
     from linvit.device import cpu_runtime
     from linvit.steps import run_distill

@@ -245,11 +245,13 @@ def _started(status: JobStatus, root: Path, marked: list, has_process: bool, slu
             how = f"Slurm job {slurm_id} {slurm.state.lower()}" + (f" on {slurm.node}" if slurm.node else "")
     elif has_process:
         state, how = "running", "runs here"
-    elif slurm_id and asked:  # Slurm no longer holds it
+    elif asked and (slurm_id or (snakemake.record or {}).get("executor", "local") != "local"):
+        # Slurm no longer holds it (Snakemake's marks of Slurm jobs hold no id: the run's executor says it went there)
         state = "running" if alive is not False else "interrupted"
-        how = (f"Slurm job {slurm_id} ended; Snakemake has yet to collect it" if alive else
-               f"Slurm job {slurm_id} ended; Snakemake, on {snakemake.host}, collects it if it runs"
-               if alive is None else f"Slurm job {slurm_id} ended")
+        which = f"Slurm job {slurm_id}" if slurm_id else "its Slurm job"
+        how = (f"{which} ended; Snakemake has yet to collect it" if alive else
+               f"{which} ended; Snakemake, on {snakemake.host}, collects it if it runs"
+               if alive is None else f"{which} ended")
     else:  # no process of this machine runs it: is the Snakemake that started it still there?
         # (a Snakemake seen elsewhere, in its head job, runs its jobs where this machine cannot see them)
         seen = alive is None or (alive and (slurm_id is not None or not snakemake.processes_known or not snakemake.pids))

@@ -339,7 +339,11 @@ def test_no_unlock_advice_while_the_run_may_live(tmp_path, monkeypatch):
     elsewhere = render(collect(SMALL, tmp_path, record={**here, "host": "login2"}))
     assert "--unlock` before" not in elsewhere and "cannot see login2's processes: check there (ssh login2 ps -p 1)" in elsewhere
     assert "do not `snakemake --unlock` while it may run" in elsewhere
-    assert re.search(r"^  running +micro/seed0 .* started by Snakemake on login2", elsewhere, re.M)
+    assert re.search(r"^  running +micro/seed0 .* its Slurm job ended; Snakemake, on login2, collects it if it runs$",
+                     elsewhere, re.M)  # squeue lists no job of it (Snakemake's marks hold no Slurm id)
+    local = render(collect(SMALL, tmp_path, record={**here, "host": "login2", "executor": "local"}))
+    assert re.search(r"^  running +micro/seed0 .* started by Snakemake on login2, whose processes this machine cannot see$",
+                     local, re.M)
     # A Slurm job of the run (its working directory is this folder) still alive: no unlock.
     write(bin_dir / "squeue", f"#!/bin/sh\necho '31|RUNNING|None|N/A|N/A|node1|{tmp_path}'\n")
     alive = render(collect(SMALL, tmp_path, record=here))

@@ -8,8 +8,9 @@ the same object, so the models, the batches, evaluation and the benchmark agree 
     device     auto (CUDA when torch.cuda.is_available(), else CPU) | cpu | cuda | cuda:N
     precision  auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp16 (with GradScaler) | fp32
     compile    false (default) | true (inductor) | a torch.compile backend name (aot_eager, ...)
-    workers    auto (the job's torch threads on CUDA, 0 on the CPU) | N: threads decoding each batch
-               (in order, so the batches stay exactly the same; 0 decodes in the loop's own thread)
+    workers    auto (on CUDA `loader_workers()`: the job's CPUs over its ranks on this node, less one;
+               0 on the CPU) | N: threads decoding each batch (in order, so the batches stay exactly
+               the same; 0 decodes in the loop's own thread)
 
 Under torchrun (WORLD_SIZE > 1) the runtime also holds the job's `linvit.distributed.World`, and
 `cuda`/`auto` mean this process's GPU, cuda:LOCAL_RANK.
@@ -20,6 +21,7 @@ A bad value is a ValueError in one line naming the key or flag, raised before an
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -127,10 +129,27 @@ def resolve_compile(value, key: str = "runtime.compile") -> str | None:
     raise ValueError(f"{key}: {value!r} is not true, false or a torch.compile backend name")
 
 
+def loader_workers() -> int:
+    """The loader workers of one rank when `runtime.workers` is auto on CUDA: the job's CPUs
+    (Slurm's SLURM_CPUS_PER_TASK where set, at most the CPUs this process may run on) shared by
+    the ranks on this node (torchrun's LOCAL_WORLD_SIZE), less one for the rank's own loop; at
+    least 1. Not torch's threads: torchrun sets OMP_NUM_THREADS=1 in every rank."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        cpus = min(cpus, int(slurm))
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    ranks = int(local) if local.isdigit() and int(local) > 0 else 1
+    return max(1, cpus // ranks - 1)
+
+
 def resolve_workers(value, device: torch.device, key: str = "runtime.workers") -> int:
     if value is None or value == "auto":
         # On the CPU the cores train the model and a 28x28 PNG decodes in microseconds: no threads.
-        return torch.get_num_threads() if device.type == "cuda" else 0
+        return loader_workers() if device.type == "cuda" else 0
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     raise ValueError(f"{key}: {value!r} is not auto or a whole number of threads from 0")

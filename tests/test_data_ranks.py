@@ -130,3 +130,19 @@ def test_an_index_folder_that_cannot_be_written_uses_the_cache(synth_dir, tmp_pa
     assert ShardSet(d).bytes_read > 0
     assert len(list((tmp_path / "cache").glob("*-train-0000.tar.json"))) == 1
     assert ShardSet(d).bytes_read == 0
+
+
+def test_loader_workers_per_rank_are_the_jobs_cpus_over_its_ranks(monkeypatch):
+    from linvit.device import loader_workers
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    for name in ("SLURM_CPUS_PER_TASK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as torchrun sets it: not what decides
+    assert loader_workers() == 63  # one process: every CPU it may use, less its own loop
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert loader_workers() == 7  # 8 ranks on the node share them
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "32")  # Slurm's allocation, where it binds no CPUs
+    assert loader_workers() == 3
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "4")
+    assert loader_workers() == 1  # never none

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from linvit import cli, device, steps
 from linvit import train as train_mod
 from linvit.config import ConfigError, validate
-from linvit.device import Runtime, runtime
+from linvit.device import Runtime, loader_workers, runtime
 from linvit.report.aggregate import _eval_fields
 
 from conftest import TINY_SYNTHETIC
@@ -76,7 +76,7 @@ def test_auto_on_a_cuda_machine_is_cuda_in_bf16_with_tf32(monkeypatch):
         rt = runtime({"runtime": {"device": "cpu"}}, device="auto")
         assert rt.device == torch.device("cuda") and rt.precision == "bf16" and rt.dtype == torch.bfloat16
         assert (matmul.fp32_precision, conv.fp32_precision) == ("tf32", "tf32")
-        assert rt.workers == torch.get_num_threads()  # decoding threads from the job's CPUs
+        assert rt.workers == loader_workers()  # decoding workers from the job's CPUs
     finally:
         matmul.fp32_precision, conv.fp32_precision = before
     assert runtime({"runtime": {"device": "cuda:1", "precision": "fp32"}}).device == torch.device("cuda:1")

@@ -293,9 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_convert_parser(sub)  # linvit convert: a teacher in, a linear ViT checkpoint and its summary out
     command("report", cmd_report, "aggregate results/ into tables, figures and claim verdicts",
             "results", "out", computes=False)
-    status = sub.add_parser("status", help="where a grid stands, during or after a run: per rule its jobs finished, "
-                                           "running, interrupted, failed (with the log's error line), blocked and "
-                                           "to run; the time so far and an estimate of what remains")
+    status = sub.add_parser("status", help="where a grid stands, during or after a run (local or Slurm): per rule "
+                                           "its jobs finished, running, queued, interrupted, failed (the log's error "
+                                           "line, Slurm's state), blocked and to run; the time so far, queue wait, "
+                                           "GPU-hours and an estimate of what remains")
     status.add_argument("--configfile", nargs="+", metavar="FILE",
                         help="for a grid not yet started: its config files, merged as Snakemake merges them "
                              "(default: the config the last run recorded, else workflow/config/default.yaml)")
@@ -303,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="overrides over the config files, as Snakemake's --config takes them")
     status.add_argument("--directory", "-d", default=".", help="the project folder Snakemake runs in (default: here)")
     status.add_argument("--all", dest="every", action="store_true",
-                        help="list every job of each rule (default: those running, interrupted, failed or blocked)")
+                        help="list every job of each rule (default: those running, queued, interrupted, failed or "
+                             "blocked)")
     status.set_defaults(fn=cmd_status, config_json=None)
     decide = sub.add_parser("decide", help="run a grid with a sequential plan look by look, adding seeds only where "
                                            "a claim's test is undecided (every other argument goes to snakemake)")

@@ -66,11 +66,11 @@ def test_keep_going_reports_failed_cells_and_keeps_the_others(tmp_path):
     readme = (tmp_path / "report/README.md").read_text()
     missing = readme.split("## Missing cells", 1)[1]
     assert "small" in missing and "teacher" in missing and "22x22" in missing
-    # `linvit status`: per rule (jobs, finished, running, interrupted, failed, blocked, to run), the failed
+    # `linvit status`: per rule (jobs, finished, running, queued, interrupted, failed, blocked, to run), the failed
     # cells with their log's error line, and the report (written from what finished) behind them.
     status = run(["linvit", "status", "--configfile", cfg], cwd=tmp_path).stdout
-    for row in ("teacher +1 +1 +0 +0 +0 +0 +0", "reference +2 +1 +0 +0 +1 +0 +0", "student +4 +2 +0 +0 +2 +0 +0",
-                "report +1 +0 +0 +0 +0 +1 +0"):
+    for row in ("teacher +1 +1 +0 +0 +0 +0 +0 +0", "reference +2 +1 +0 +0 +0 +1 +0 +0",
+                "student +4 +2 +0 +0 +0 +2 +0 +0", "report +1 +0 +0 +0 +0 +0 +1 +0"):
         assert re.search(rf"^{row} ", status, re.M), (row, status)
     failed = re.findall(r"^  failed +(\S+) .*(linvit: error: dataset 'small' gives 22x22 images.*)$", status, re.M)
     assert sorted(key for key, _ in failed) == sorted(

@@ -171,7 +171,7 @@ def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record:
                     status.detail = f"no error line in its log ({job.log})"
         by_name[job.name] = status
     _slurm_ends(failed_slurm, retried, slurm)
-    grid = GridStatus(root, list(by_name.values()), snakemake, now, slurm_known=queue is not None or not marked_ids)
+    grid = GridStatus(root, list(by_name.values()), snakemake, now, slurm_known=queue is not None or not (slurm and asked))
     _estimate(grid, config)
     return grid
 

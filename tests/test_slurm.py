@@ -434,7 +434,8 @@ def test_status_from_a_second_shell_while_snakemake_runs_in_a_head_job(slurm_clu
         lines = out.splitlines()
         assert ", 0 running, 1 queued, " in lines[0] and "(as its run recorded)" in lines[0]
         assert f"in Slurm job {head} (running on " in lines[1] and lines[1].startswith("Snakemake: running"), out
-        assert re.search(r"^  queued +synthetic +- +Slurm job \d+ pending \((?:Resources|Priority)\) for \d+ s", out, re.M), out
+        queued = r"^  queued +synthetic +- +Slurm job \d+ pending \((?:Resources|Priority)\) for \d+ s"
+        assert re.search(queued, out, re.M), out
         assert "Queue: 1 job waiting in Slurm's queue" in out and "Time so far: - in finished jobs" in out
         assert "--unlock" not in out and "interrupted" not in out.split("\n\n")[-1]
         subprocess.run(["scancel", blocker], check=True)
@@ -449,7 +450,8 @@ def test_status_from_a_second_shell_while_snakemake_runs_in_a_head_job(slurm_clu
             ["squeue", "-h", "-o", "%i|%k"], capture_output=True, text=True).stdout.splitlines()
             if line.endswith("|rule_teacher_wildcards_micro_0"))
         subprocess.run(["scancel", second], check=True)
-        failed = f"Slurm job {second} CANCELLED; attempt 2; Slurm log {tmp_path}/.snakemake/slurm_logs/rule_teacher/micro_0/{second}.log"
+        failed = (f"Slurm job {second} CANCELLED; attempt 2; Slurm log "
+                  f"{tmp_path}/.snakemake/slurm_logs/rule_teacher/micro_0/{second}.log")
         out = _status_when(tmp_path, lambda text: failed in text, 120)
         assert re.search(rf"^  failed +micro/seed0 +- +{re.escape(failed)}", out, re.M), _status(tmp_path)
     finally:

@@ -313,7 +313,7 @@ def test_status_reads_the_config_the_run_recorded(tmp_path):
     assert count != len(grid.jobs(CONFIG))
     assert out.splitlines()[0].startswith(f'Grid smoke.yaml + extra.yaml + inits=["random", "copy_all"] (as its run '
                                           f"recorded) in {tmp_path}: {count} jobs, 1 finished, ")
-    assert f"Snakemake: not running; the last run started " in out and f"(process {record['pid']}, executor local)" in out
+    assert "Snakemake: not running; the last run started " in out and f"(process {record['pid']}, executor local)" in out
     # The same grid given by hand, as Snakemake merges it: one file over the other, then the override.
     by_hand = run(["linvit", "status", "--configfile", str(SMOKE), "extra.yaml", "--config", "inits=[random,copy_all]"],
                   cwd=tmp_path).stdout
@@ -337,7 +337,8 @@ def test_no_unlock_advice_while_the_run_may_live(tmp_path, monkeypatch):
     assert "`snakemake --unlock` before the next run" in text  # the control: nothing can be running
     # Started on another login node: this machine cannot see it. Its marked job may run there.
     elsewhere = render(collect(SMALL, tmp_path, record={**here, "host": "login2"}))
-    assert "--unlock` before" not in elsewhere and "cannot see login2's processes: check there (ssh login2 ps -p 1)" in elsewhere
+    assert "--unlock` before" not in elsewhere
+    assert "cannot see login2's processes: check there (ssh login2 ps -p 1)" in elsewhere
     assert "do not `snakemake --unlock` while it may run" in elsewhere
     assert re.search(r"^  running +micro/seed0 .* its Slurm job ended; Snakemake, on login2, collects it if it runs$",
                      elsewhere, re.M)  # squeue lists no job of it (Snakemake's marks hold no Slurm id)
@@ -352,8 +353,10 @@ def test_no_unlock_advice_while_the_run_may_live(tmp_path, monkeypatch):
     # Snakemake inside a Slurm head job (the record names it): running, and its jobs with it.
     write(bin_dir / "squeue", f"#!/bin/sh\necho '31|RUNNING|None|N/A|N/A|node1|{tmp_path}'\n")
     head = collect(SMALL, tmp_path, record={**here, "host": "node1", "slurm_head_job": "31"})
-    assert head.snakemake.running and render(head).splitlines()[1] == "Snakemake: running in Slurm job 31 (running on node1)" \
-        + f"; the last run started {time.strftime('%Y-%m-%d %H:%M', time.localtime(here['started']))} on node1 (process 1, executor slurm)"
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(here["started"]))
+    assert head.snakemake.running and render(head).splitlines()[1] == (
+        f"Snakemake: running in Slurm job 31 (running on node1); the last run started {started} on node1 "
+        "(process 1, executor slurm)")
     assert next(s for s in head.jobs if s.job.name == job.name).state == "running"
 
 

@@ -10,6 +10,9 @@ keeping the others'. Progress goes to stderr.
            Also the final evaluation's own cost (fit's eval_time_s on the full test split).
 - loader:  images/s of the train pipeline a job builds (steps._data: the config's transform and
            worker settings), against the bare loop's consumption. Target >= 5x.
+           With --ranks N[,N...]: N processes reading as N ranks would, against one process: bytes
+           and images/s per rank on ImageNet-size JPEGs at 224 px (linvit.bench_ranks). Targets:
+           bytes per rank <= 1.2x 1/N of one process's, images/s per rank >= one process's.
 - plan:    seconds of `snakemake -n --quiet` on a generated grid of about `jobs` jobs. Target <= 15 s.
 - jobcost: a 1-step student run as the Snakemake rule runs it (a subprocess), split into
            interpreter+imports, setup, training, evaluations and exit (LINVIT_STAMPS, see
@@ -534,14 +537,16 @@ def bench_status(config_path: str | Path | None = None, *, repeats: int = 3) -> 
 
 def run(names: list[str], *, config_path=None, shards=None, out_dir="results/bench", steps: int | None = None,
         repeats: int = 5, images: int = 4096, jobs: int = 2000, baseline=None, job_repeats: int = 1,
-        machine: str | None = None, results: str | Path = "results") -> list[dict]:
+        machine: str | None = None, results: str | Path = "results", ranks: list[int] | None = None) -> list[dict]:
     """Run the benchmarks `names` in order, print each table, save the rows; returns all rows.
-    The settings are checked first: a bad one fails before any benchmark runs or any row is saved."""
+    The settings are checked first: a bad one fails before any benchmark runs or any row is saved.
+    `ranks` (loader): read as that many ranks against one process instead (linvit.bench_ranks)."""
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         raise ValueError(f"unknown benchmark {unknown[0]!r} (known: {', '.join(BENCHMARKS)}, all)")
     for flag, value in (("--repeats", repeats), ("--images", images), ("--jobs", jobs),
-                        ("--job-repeats", job_repeats), ("--steps", 1 if steps is None else steps)):
+                        ("--job-repeats", job_repeats), ("--steps", 1 if steps is None else steps),
+                        *(("--ranks", n) for n in ranks or ())):
         if value < 1:
             raise ValueError(f"{flag} must be 1 or more, got {value}")
     if baseline is not None and "jobcost" in names and not (Path(baseline) / "linvit" / "cli.py").is_file():
@@ -556,11 +561,15 @@ def run(names: list[str], *, config_path=None, shards=None, out_dir="results/ben
         data = Path(shards).resolve() if shards else None  # absolute: jobcost's jobs run in other folders
         consumption = None
         for name in names:
-            if name not in ("plan", "grid", "shards", "status") and data is None:
+            if name not in ("plan", "grid", "shards", "status") and data is None and not (name == "loader" and ranks):
                 say("writing scikit-learn digits shards to read")
                 data = digits_shards(tmp)
             if name == "train":
                 rows, consumption = bench_train(config, data, steps=steps, repeats=repeats)
+            elif name == "loader" and ranks:
+                from .bench_ranks import bench_loader_ranks
+
+                rows = bench_loader_ranks(ranks, shards=data)
             elif name == "loader":
                 rows = bench_loader(config, data, images=images, consumption=consumption)
             elif name == "plan":

@@ -237,6 +237,17 @@ def cmd_benchmark(args):
     print(f"wrote {args.out}")
 
 
+def _int_list(text: str) -> list[int]:
+    """`bench --ranks 2,4,8`: whole numbers from 1, comma-separated."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers from 1")
+    return values
+
+
 def cmd_bench(args):
     from .bench import ALL, run
 
@@ -244,7 +255,7 @@ def cmd_bench(args):
     try:
         run(names, config_path=args.config, shards=args.shards, out_dir=args.out_dir, steps=args.steps,
             repeats=args.repeats, images=args.images, jobs=args.jobs, baseline=args.baseline,
-            job_repeats=args.job_repeats, results=args.results)
+            job_repeats=args.job_repeats, results=args.results, ranks=args.ranks)
     except RuntimeError as err:  # a subprocess (snakemake, the job) failed: its message, one line
         raise ValueError(str(err)) from None
 
@@ -351,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="train: steps per repeat (default: the config's student steps; at most an epoch)")
     harness.add_argument("--repeats", type=int, default=5, help="train: repeats (the median fit/bare pair reported)")
     harness.add_argument("--images", type=int, default=4096, help="loader: images read")
+    harness.add_argument("--ranks", type=_int_list, default=None, metavar="N[,N...]",
+                         help="loader: read as N ranks would (each its share of the same global batches), "
+                              "against one process: bytes and images/s per rank, on ImageNet-size JPEGs")
     harness.add_argument("--jobs", type=int, default=2000, help="plan: about this many jobs")
     harness.add_argument("--baseline", default=None,
                          help="jobcost: a checkout of another revision to run the same job with, side by side "

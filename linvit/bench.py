@@ -18,12 +18,12 @@ keeping the others'. Progress goes to stderr.
            interpreter+imports, setup, training, evaluations and exit (LINVIT_STAMPS, see
            linvit.cli.stamp); against a baseline checkout run the same way when given, else
            against the 28.9 s recorded before issue 10. Target: half or less.
-- shards:  images/s of the shard writer (every image fully decoded once, its bytes kept) on a JPEG
-           ImageFolder at 224 px (Fashion-MNIST, or scikit-learn digits, upscaled to RGB), with 1
-           worker (in process: the per-core rate) and with every core (a process pool, whose start-up
-           weighs on a folder this small); and the hours ImageNet-1k's 1,331,167 images would take
-           on 8 and 32 cores at the per-core rate, assuming the writer scales with cores
-           (docs/paper_scale.md).
+- shards:  images/s of the shard writer (every image fully decoded once, its bytes kept, hashed and
+           indexed) on a JPEG ImageFolder of ImageNet-size images (linvit.bench_ranks: about 400x350
+           px, 105 kB, textured), with 1 worker (in process: the per-core rate) and with every core (a
+           process pool, whose start-up weighs on a folder this small); and the hours ImageNet-1k's
+           1,331,167 images would take on 8 and 32 cores at the per-core rate, assuming the writer
+           scales with cores (docs/paper_scale.md).
 - grid:    a finished grid's fixed cost: the sum of its jobs' wall times (Snakemake's benchmark files)
            over the sum of their training and distillation loops' times (each run's own train_time_s),
            per rule and in all. What lies between is start-up, imports, loads, the first and final
@@ -380,9 +380,12 @@ def bench_jobcost(config: dict, shards: Path, *, baseline: str | Path | None = N
 IMAGENET_1K = 1_281_167 + 50_000  # train + validation images
 
 
-def bench_shards(*, per_class: int = 300, size: int = 224) -> list[dict]:
-    """The shard writer on a JPEG ImageFolder at `size` px (10 classes x `per_class` train images plus a
-    fifth as many test): one worker, then every core (os.cpu_count())."""
+def bench_shards(*, per_class: int = 60, size: int | None = None) -> list[dict]:
+    """The shard writer on a JPEG ImageFolder (10 classes x `per_class` train images plus a fifth as
+    many test): one worker, then every core (os.cpu_count()). The JPEGs are the size of ImageNet's
+    (linvit.bench_ranks.imagenet_like_folder: about 400x350 px, 105 kB); with `size`, Fashion-MNIST
+    (else digits) upscaled to `size` px instead, a floor (smooth images of a few kB)."""
+    from .bench_ranks import imagenet_like_folder
     from .data.images import make_imagefolder
     from .data.shards import write_shards
     from .data.sources import DataError
@@ -391,7 +394,10 @@ def bench_shards(*, per_class: int = 300, size: int = 224) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="linvit-bench-shards-") as tmp:
         tmp = Path(tmp)
         folder, missing = None, []
-        for source in ({"source": "fashion_mnist"}, {"source": "digits"}):
+        if size is None:
+            say(f"shards: making {per_class * 12} ImageNet-size JPEGs")
+            folder = imagenet_like_folder(tmp / "jpeg", per_class_train=per_class, per_class_test=max(1, per_class // 5))
+        for source in ({"source": "fashion_mnist"}, {"source": "digits"}) if size is not None else ():
             try:
                 folder = make_imagefolder(source, tmp / "jpeg", size=size, per_class_train=per_class,
                                           per_class_test=max(1, per_class // 5))
@@ -403,10 +409,11 @@ def bench_shards(*, per_class: int = 300, size: int = 224) -> list[dict]:
                 missing.append(f"digits needs scikit-learn, which is not installed ({err}): pip install scikit-learn")
         if folder is None:
             raise DataError(f"shards: no dataset to make the JPEG folder from: {'; '.join(missing)}")
-        images = sum(1 for _ in folder.rglob("*.jpg"))
-        rows, rates = [], {}
+        jpegs = list(folder.rglob("*.jpg"))
+        images = len(jpegs)
+        rows, rates = [row("shards", "jpeg_kb_mean", sum(p.stat().st_size for p in jpegs) / images / 1e3, "kB")], {}
         for workers in dict.fromkeys((1, cores)):
-            say(f"shards: {images} JPEGs at {size} px with {workers} worker(s)")
+            say(f"shards: {images} JPEGs ({'ImageNet-size' if size is None else f'{size} px'}) with {workers} worker(s)")
             start = time.perf_counter()
             write_shards("jpeg", {"source": "imagefolder", "path": str(folder)}, tmp / f"shards{workers}",
                          samples_per_shard=max(1, images // (4 * workers)), workers=workers)

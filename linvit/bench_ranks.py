@@ -118,7 +118,7 @@ def read_as_ranks(shards: str | Path, ranks: int, *, pipeline, batch: int) -> li
     return [dict(zip(("rank", "images", "seconds", "cpu_seconds", "bytes", "rchar"), r)) for r in sorted(got)]
 
 
-def bench_loader_ranks(ranks: list[int], *, shards: str | Path | None = None, images: int = 520,
+def bench_loader_ranks(ranks: list[int], *, shards: str | Path | None = None, images: int = 1040,
                        batch: int = 64, size: int = 224) -> list[dict]:
     """Rows of `linvit bench loader --ranks`: one process, then each N in `ranks` (see the module
     docstring). Without `shards`, `images` ImageNet-like JPEGs (10 classes) are made and sharded."""

@@ -162,3 +162,11 @@ def test_bench_loader_ranks_reads_imagenet_size_jpegs_a_share_per_rank(tmp_path)
     assert rows["ranks_2_bytes_over_share"]["meets"] is True and rows["ranks_2_bytes_over_share"]["value"] > 0.8
     assert rows["one_process_bytes"]["value"] > 20 * 70e3  # 24 images read of 30 (3 batches of 8)
     assert rows["ranks_2_images_per_s_per_rank"]["value"] > 0
+
+
+def test_bench_shards_writes_imagenet_size_jpegs_by_default(monkeypatch):
+    from linvit import bench
+
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 1)  # one write: the in-process, per-core rate
+    got = {r["metric"]: r["value"] for r in bench.bench_shards(per_class=2)}
+    assert 70 < got["jpeg_kb_mean"] < 150 and got["images_per_s_per_core"] > 0

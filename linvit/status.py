@@ -112,7 +112,8 @@ def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record:
     asked = marked_ids or slurm_index or head_id or (record or {}).get("executor") == "slurm"
     queue = squeue() if slurm and asked else None
     # The run's Slurm jobs: those working in this folder (a job of the workflow: the plugin's comment names
-    # its rule and wildcards; Snakemake's marks do not hold their ids), or a marked id.
+    # its rule and wildcards; Snakemake's marks hold the id only at times: null for a running job on the test
+    # cluster), or a marked id.
     mine = [j for j in (queue or {}).values() if j.id != head_id and (
         j.id in marked_ids or Path(j.workdir or "/").resolve() == root)]
     slurm_of = {j.rule_wildcards: j for j in sorted(mine, key=lambda j: int(j.id) if j.id.isdigit() else 0)
@@ -246,7 +247,7 @@ def _started(status: JobStatus, root: Path, marked: list, has_process: bool, slu
     elif has_process:
         state, how = "running", "runs here"
     elif asked and (slurm_id or (snakemake.record or {}).get("executor", "local") != "local"):
-        # Slurm no longer holds it (Snakemake's marks of Slurm jobs hold no id: the run's executor says it went there)
+        # Slurm no longer holds it (a mark may hold no id: the run's executor says it went to Slurm)
         state = "running" if alive is not False else "interrupted"
         which = f"Slurm job {slurm_id}" if slurm_id else "its Slurm job"
         how = (f"{which} ended; Snakemake has yet to collect it" if alive else

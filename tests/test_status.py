@@ -73,13 +73,17 @@ def tree(tmp_path, monkeypatch):
     slurm, killed = distills[3], distills[4]
     for out in slurm.outputs:
         mark(tmp_path, out, jobid="4242")
+    # ... at its second attempt: Slurm ended the first for memory (the plugin's Slurm log of each submission).
+    slurm_wildcards = "_".join(slurm.key.replace("seed", "").split("/"))
+    write(tmp_path / f".snakemake/slurm_logs/rule_distill/{slurm_wildcards}/4000.log", "attempt 1\n")
+    write(tmp_path / f".snakemake/slurm_logs/rule_distill/{slurm_wildcards}/4242.log", "attempt 2\n")
     for out in killed.outputs:
         mark(tmp_path, out, max_len=24)  # a long name: folders of at most NAME_MAX characters
     write(tmp_path / killed.log, "distill ...: step 1/4 loss 0.2\ndistill ...: step 3/4 loss 0.1\n")
     # squeue's lines (status asks for "%i|%T|%r|%V|%S|%N|%Z|%k"): the running job, a student still waiting for a
     # node (submitted 10 minutes ago, 2 minutes after the running one started), and another user's grid.
     queued = [j for j in by_rule("student") if j.cell.init == "copy_all"][0]
-    for out in queued.outputs:  # Snakemake's marks of Slurm jobs hold no id: squeue's comment names the job
+    for out in queued.outputs:  # a mark Snakemake left without the Slurm id: squeue's comment names the job
         mark(tmp_path, out)
     stamp = lambda ago: time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - ago))  # noqa: E731
     bin_dir = tmp_path / "bin"
@@ -101,7 +105,7 @@ def tree(tmp_path, monkeypatch):
     write(tmp_path / f".snakemake/slurm_logs/rule_distill/{wildcards}/700.log", "attempt 1\n")
     write(tmp_path / f".snakemake/slurm_logs/rule_distill/{wildcards}/777.log", "attempt 2\n")
     write(bin_dir / "sacct", "#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n")
-    write(bin_dir / "scontrol", "#!/bin/sh\necho 'JobId=700 JobName=x JobState=OUT_OF_MEMORY Reason=OutOfMemory'\n"
+    write(bin_dir / "scontrol", "#!/bin/sh\necho 'JobId=4000 JobName=x JobState=OUT_OF_MEMORY Reason=OutOfMemory'\n"
                                 "echo 'JobId=777 JobName=x JobState=TIMEOUT Reason=TimeLimit NodeList=node3'\n")
     for name in ("sacct", "scontrol"):
         (bin_dir / name).chmod(0o755)
@@ -124,7 +128,8 @@ def test_every_job_has_its_state_its_time_and_what_remains(tree):
     assert status[named["running"].name].state == "running"
     assert status[named["running"].name].detail == "runs here; at step 2/4"
     assert status[named["slurm"].name].state == "running"
-    assert status[named["slurm"].name].detail.startswith("Slurm job 4242 running")
+    assert status[named["slurm"].name].detail == "Slurm job 4242 running on node3; attempt 2 (the last: Slurm job 4000 " \
+        "OUT_OF_MEMORY)"
     killed = status[named["killed"].name]
     assert killed.state == "interrupted"
     assert killed.detail == "stopped at step 3/4; the next snakemake runs it again, from its last checkpoint if it made one"
@@ -341,7 +346,7 @@ def test_no_unlock_advice_while_the_run_may_live(tmp_path, monkeypatch):
     assert "cannot see login2's processes: check there (ssh login2 ps -p 1)" in elsewhere
     assert "do not `snakemake --unlock` while it may run" in elsewhere
     assert re.search(r"^  running +micro/seed0 .* its Slurm job ended; Snakemake, on login2, collects it if it runs$",
-                     elsewhere, re.M)  # squeue lists no job of it (Snakemake's marks hold no Slurm id)
+                     elsewhere, re.M)  # squeue lists no job of it (its mark holds no Slurm id)
     local = render(collect(SMALL, tmp_path, record={**here, "host": "login2", "executor": "local"}))
     assert re.search(r"^  running +micro/seed0 .* started by Snakemake on login2, whose processes this machine cannot see$",
                      local, re.M)

@@ -484,7 +484,8 @@ def _remaining_line(grid: GridStatus) -> str:
     stopped = len(grid.of("failed")) + len(grid.of("blocked"))
     if stopped:
         text += f"; the {stopped} failed and blocked jobs not counted"
-    return text + "; queue wait apart"
+    slurm = (grid.snakemake.record or {}).get("executor") == "slurm" or any(j.slurm for j in grid.jobs)
+    return text + ("; queue wait apart" if slurm else "")
 
 
 def _queue_lines(grid: GridStatus) -> list[str]:

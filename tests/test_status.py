@@ -137,7 +137,7 @@ def test_every_job_has_its_state_its_time_and_what_remains(tree):
     assert (failed.state, failed.detail) == ("failed", "linvit: error: out of memory in block 3")
     # Everything behind the failed distillation waits for it: its students (each evaluating its model), the report.
     behind = [s for s in status.values() if s.job.cell is not None and s.job.cell.distills
-              and s.job.cell.distill_key == named["failed"].key and s.job.rule in ("student", "evaluate")]
+              and s.job.cell.distill_key == named["failed"].key and s.job.rule == "student"]
     assert behind and all(s.state == "blocked" for s in behind)
     assert status["report all"].state == "blocked"
     # Remaining: the mean of the finished jobs of the same init strategy and design (the killed one: as
@@ -178,7 +178,7 @@ def test_the_text_has_a_table_of_rules_and_the_jobs_to_look_at(tree):
     assert header.split()[:9] == ["rule", "jobs", "finished", "running", "queued", "interrupted", "failed", "blocked",
                                   "to"]
     rows = {line.split()[0]: line.split() for line in lines[lines.index(header) + 1:] if line.strip()
-            and line.split()[0] in ("shards", "teacher", "distill", "reference", "student", "evaluate", "report")
+            and line.split()[0] in ("shards", "teacher", "distill", "reference", "student", "report")
             and line.split()[1].isdigit()}
     assert rows["distill"][1:9] == ["8", "2", "2", "0", "1", "2", "0", "1"]
     assert rows["teacher"][1:3] == ["1", "1"]

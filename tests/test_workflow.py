@@ -511,6 +511,35 @@ def test_every_trained_run_has_its_tensorboard_events(smoke):
 
 
 @pytest.mark.slow
+def test_tensorboard_s_hparams_view_lists_every_trained_run_by_its_cell(smoke):
+    """TensorBoard's HParams view of results/, read through the hparams plugin: one row per training job of
+    grid.jobs (the teacher killed once and run again among them), its hparams the job's cell, its metrics its own."""
+    from test_stages import hparams_view
+
+    tmp, _ = smoke
+    results = tmp / "results"
+    expected, evaluated = {}, {}
+    for job in grid.jobs(SMOKE, results):
+        if job.rule not in ("teacher", "distill", "reference", "student"):
+            continue
+        name = f"{Path(job.folder).relative_to(results).as_posix()}/{grid.EVENTS}"
+        if job.rule == "teacher":
+            size, seed = job.key.split("/seed")
+            expected[name] = {"rule": "teacher", "dataset": SMOKE["teacher"]["dataset"], "size": size,
+                              "variant": "softmax", "seed": int(seed)}
+        else:
+            cell = job.cell.as_dict()
+            if job.rule == "distill":
+                del cell["budget"]  # a distillation serves every budget
+            expected[name] = {"rule": job.rule, **cell}
+            if job.evaluates:
+                evaluated[name] = json.loads(Path(job.folder, "metrics.json").read_text())["test_acc"]
+    view = hparams_view(results)
+    assert {name: hparams for name, (hparams, _) in view.items()} == expected
+    assert {name: view[name][1]["eval/test_acc"] for name in evaluated} == pytest.approx(evaluated)
+
+
+@pytest.mark.slow
 def test_status_of_the_finished_grid(smoke):
     """Every job finished, its time the benchmarks', nothing left."""
     from linvit.jobfiles import read_benchmark

@@ -22,7 +22,7 @@ SYNTH = {"source": "synthetic", "num_classes": 4, "train_samples": 256, "test_sa
 @pytest.fixture(scope="module")
 def synth_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("synth")
-    write_shards("synth", SYNTH, out, seed=3, samples_per_shard=100)
+    write_shards("synth", SYNTH, out, seed=3, samples_per_shard=100, workers=1)
     return out
 
 
@@ -170,3 +170,23 @@ def test_bench_shards_writes_imagenet_size_jpegs_by_default(monkeypatch):
     monkeypatch.setattr(bench.os, "cpu_count", lambda: 1)  # one write: the in-process, per-core rate
     got = {r["metric"]: r["value"] for r in bench.bench_shards(per_class=2)}
     assert 70 < got["jpeg_kb_mean"] < 150 and got["images_per_s_per_core"] > 0
+
+
+def _open_and_report(shards, start, results):
+    start.wait()
+    results.put(ShardSet(shards).bytes_read)
+
+
+def test_ranks_meeting_an_unstamped_shard_together_hash_it_once(synth_dir, tmp_path):
+    import multiprocessing
+
+    d = _copy(synth_dir, tmp_path / "d")
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(4), context.Queue()
+    ranks = [context.Process(target=_open_and_report, args=(d, start, results)) for _ in range(4)]
+    for p in ranks:
+        p.start()
+    read = [results.get(timeout=60) for _ in ranks]
+    for p in ranks:
+        p.join()
+    assert sum(read) == sum(p.stat().st_size for p in d.glob("*.tar"))  # each shard scanned by one of them

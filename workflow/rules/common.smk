@@ -40,6 +40,7 @@ def planned(fn):
 WITH_BENCHMARK = os.path.exists(grid.operator_benchmark_path())
 # The one list of the grid's jobs (linvit.grid.jobs, what `linvit status` follows), the report's last.
 JOBS = grid.jobs(config, with_benchmark=WITH_BENCHMARK)
+REPORT_JOB = next(job for job in JOBS if job.rule == "report")
 TEACHER = config.get("teacher", {})
 TRAINED_SIZES = trained_sizes(config)  # teachers the harness trains; the other sizes are loaded
 LOADED_SIZES = [s for s in config["sizes"] if s not in TRAINED_SIZES]
@@ -237,4 +238,4 @@ def report_inputs(wc):
     TSVs, ...): the report job's `reads` in grid.jobs. `rule all` asks for them too, so a file deleted
     after the grid finished is a missing target: the next `snakemake` runs its job again, and the report
     after it (Snakemake tolerates a missing input of a job whose outputs are up to date)."""
-    return list(JOBS[-1].reads)
+    return list(REPORT_JOB.reads)

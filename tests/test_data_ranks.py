@@ -190,3 +190,20 @@ def test_ranks_meeting_an_unstamped_shard_together_hash_it_once(synth_dir, tmp_p
     for p in ranks:
         p.join()
     assert sum(read) == sum(p.stat().st_size for p in d.glob("*.tar"))  # each shard scanned by one of them
+
+
+def test_a_rerun_of_the_writer_keeps_stamped_shards_without_hashing_them(tmp_path, monkeypatch):
+    from linvit.data import shards
+
+    spec = dict(SYNTH, train_samples=40, test_samples=20)
+    write_shards("synth", spec, tmp_path / "s", samples_per_shard=20, workers=1)
+    hashed = []
+    real = shards.scan  # the writer's one read of a shard: hash and index
+    monkeypatch.setattr(shards, "scan", lambda path: hashed.append(Path(path).name) or real(path))
+    write_shards("synth", spec, tmp_path / "s", samples_per_shard=20, workers=1)
+    assert hashed == []  # every shard kept on its stamp
+    shard = tmp_path / "s" / "train-0001.tar"
+    os.utime(shard, ns=(0, shard.stat().st_mtime_ns + 10**9))  # touched: its stamp no longer vouches
+    write_shards("synth", spec, tmp_path / "s", samples_per_shard=20, workers=1)
+    assert hashed == ["train-0001.tar"]
+    assert ShardSet(tmp_path / "s").bytes_read == 0  # the kept shards' stamps still stand

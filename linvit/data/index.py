@@ -195,6 +195,23 @@ def _cached_index(path: Path) -> Path:
     return CACHE / f"{hashlib.sha256(real.encode()).hexdigest()[:16]}-{path.name}.json"
 
 
+def stamped_sha256(path: str | Path) -> str | None:
+    """The sha256 `path`'s stamp vouches for (the file unchanged since: size, mtime, inode), or None."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    for record_path in (path.parent / INDEX / f"{path.name}.json", _cached_index(path)):
+        try:
+            record = json.loads(record_path.read_text())
+            if all(record[k] == v for k, v in _stamp(st).items()):
+                return record["sha256"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
 def _valid(record_path: Path, st: os.stat_result, sha256: str, samples: int) -> list[int] | None:
     try:
         record = json.loads(record_path.read_text())

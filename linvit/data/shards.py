@@ -26,7 +26,9 @@ Shards are independent and written by a process pool (``workers``; default min(4
 of the samples and their split into shards is decided, seeded, before anything is written, and tar
 mtimes and owners are fixed, so the same inputs give byte-identical shards and manifest whatever
 the number of workers. A rerun after a kill keeps each shard whose record in ``_progress/`` matches
-both the shard's inputs and the file's sha256, and writes only the rest.
+both the shard's inputs and the file's sha256 (the sha256 its ``_index/`` stamp vouches for while
+the file's size, mtime and inode are unchanged; else hashed, and stamped, again), and writes only
+the rest.
 
 A (re)run writes into ``.<out_dir name>.partial`` beside ``out_dir``, starting from hard links to
 ``out_dir``'s shards and records (so unchanged shards are kept, not rewritten), and swaps the complete
@@ -58,7 +60,7 @@ import webdataset as wds
 from PIL import Image
 
 from linvit import __version__
-from linvit.data.index import INDEX, scan, write_index
+from linvit.data.index import INDEX, scan, stamped_sha256, write_index
 from linvit.data.sources import DataError, EncodedData, RawData, load_raw
 from linvit.io import atomic_path, file_sha256, remove_stale_temps, write_text
 
@@ -260,12 +262,15 @@ def _record_path(out_dir: Path, shard: str) -> Path:
 
 
 def _finished(job: _Job) -> dict | None:
-    """The record of a shard an earlier run completed from the same inputs, if its file is intact."""
+    """The record of a shard an earlier run completed from the same inputs, if its file is intact
+    (its stamp's sha256, when the file is unchanged since it was stamped; else hashed, and stamped,
+    now)."""
     out_dir = Path(job.out_dir)
     try:
         record = json.loads(_record_path(out_dir, job.name).read_text())
+        path = out_dir / job.name
         if record.get("inputs") == job.inputs and record.get("name") == job.name and \
-                file_sha256(out_dir / job.name) == record.get("sha256"):
+                (stamped_sha256(path) or _restamped(path)) == record.get("sha256"):
             return record
     except (OSError, ValueError, AttributeError):
         pass
@@ -353,6 +358,15 @@ def _write_shard(job: _Job) -> dict:
                       size=list(next(iter(sizes))) if len(sizes) == 1 else (None if sizes else "none"))
     write_text(_record_path(out_dir, job.name), json.dumps(record) + "\n")
     return record
+
+
+def _restamped(path: Path) -> str | None:
+    """A kept shard's sha256 from one read that also stamps and indexes it; None if it does not parse."""
+    digest, offsets, why, _ = scan(path)
+    if why is not None:
+        return None
+    write_index(path, digest, offsets)
+    return digest
 
 
 def _indexed(path: Path) -> str:

@@ -195,32 +195,25 @@ def _cached_index(path: Path) -> Path:
     return CACHE / f"{hashlib.sha256(real.encode()).hexdigest()[:16]}-{path.name}.json"
 
 
-def stamped_sha256(path: str | Path) -> str | None:
-    """The sha256 `path`'s stamp vouches for (the file unchanged since: size, mtime, inode), or None."""
-    path = Path(path)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
+def _record(path: Path, st: os.stat_result) -> dict | None:
+    """`path`'s index record (beside it, else in the cache) whose stamp is the file as it is (`st`)."""
     for record_path in (path.parent / INDEX / f"{path.name}.json", _cached_index(path)):
         try:
             record = json.loads(record_path.read_text())
-            if all(record[k] == v for k, v in _stamp(st).items()):
-                return record["sha256"]
+            if all(record[k] == v for k, v in _stamp(st).items()) and isinstance(record["offsets"], list):
+                return record
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return None
 
 
-def _valid(record_path: Path, st: os.stat_result, sha256: str, samples: int) -> list[int] | None:
+def stamped_sha256(path: str | Path) -> str | None:
+    """The sha256 `path`'s stamp vouches for (the file unchanged since: size, mtime, inode), or None."""
     try:
-        record = json.loads(record_path.read_text())
-        if (record["sha256"] == sha256 and record["samples"] == samples and len(record["offsets"]) == samples + 1
-                and all(record[k] == v for k, v in _stamp(st).items())):
-            return record["offsets"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
+        record = _record(Path(path), os.stat(path))
+    except OSError:
+        return None
+    return None if record is None else record["sha256"]
 
 
 @contextmanager
@@ -267,15 +260,14 @@ class Checked:
         return offsets
 
     def _stamped(self, path: Path, samples: int, sha256: str) -> list[int] | None:
+        """The offsets of `path`'s stamped index, if it vouches for the manifest's sha256 and count."""
         try:
-            st = os.stat(path)
+            record = _record(path, os.stat(path))
         except FileNotFoundError:
             raise MissingDataError(f"{path}: shard missing") from None
-        for record in (path.parent / INDEX / f"{path.name}.json", _cached_index(path)):
-            offsets = _valid(record, st, sha256, samples)
-            if offsets is not None:
-                return offsets
-        return None
+        if record is None or record["sha256"] != sha256 or len(record["offsets"]) != samples + 1:
+            return None
+        return record["offsets"]
 
     def _scan(self, path: Path, samples: int, sha256: str, verifying: bool) -> list[int]:
         try:
@@ -300,13 +292,9 @@ class Checked:
         return offsets
 
 
-def read_sample(fd: int, url: str, offsets: list[int], index: int, checked: Checked) -> dict:
-    """Sample `index` of the open shard `fd` (at `url`), as webdataset's `group_by_keys` gives it."""
-    return read_run(fd, url, offsets, index, index + 1, checked)[0]
-
-
-def read_run(fd: int, url: str, offsets: list[int], first: int, stop: int, checked: Checked) -> list[dict]:
-    """Samples first..stop-1 of the open shard `fd` (at `url`), read with one pread."""
+def read_run(fd: int, url: str, offsets, first: int, stop: int, checked: Checked) -> list[dict]:
+    """Samples first..stop-1 of the open shard `fd` (at `url`), read with one pread, each the dict
+    webdataset's `group_by_keys` gives."""
     start, end = offsets[first], offsets[stop]
     data = os.pread(fd, end - start, start)
     checked.bytes_read += len(data)

@@ -75,6 +75,10 @@ def imagenet_like_folder(out_dir: str | Path, *, classes: int = 10, per_class_tr
     return out_dir
 
 
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _rchar() -> int:
     """Bytes this process has read through read syscalls (Linux), else 0."""
     try:
@@ -145,7 +149,7 @@ def bench_loader_ranks(ranks: list[int], *, shards: str | Path | None = None, im
         rows += [row("loader_ranks", "one_process_bytes", float(one["bytes"]), "bytes"),
                  row("loader_ranks", "one_process_images_per_s", one_rate, "images/s"),
                  row("loader_ranks", "one_process_images_per_cpu_s", one_cpu_rate, "images/s"),
-                 row("loader_ranks", "cores", float(len(os.sched_getaffinity(0))), "cores")]
+                 row("loader_ranks", "cores", float(_cores()), "cores")]
         for n in ranks:
             got = read_as_ranks(shards, n, pipeline=pipeline, batch=batch)
             worst_bytes = max(r["bytes"] for r in got)

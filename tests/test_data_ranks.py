@@ -207,3 +207,14 @@ def test_a_rerun_of_the_writer_keeps_stamped_shards_without_hashing_them(tmp_pat
     write_shards("synth", spec, tmp_path / "s", samples_per_shard=20, workers=1)
     assert hashed == ["train-0001.tar"]
     assert ShardSet(tmp_path / "s").bytes_read == 0  # the kept shards' stamps still stand
+
+
+def test_a_file_system_without_locks_still_reads(synth_dir, tmp_path, monkeypatch):
+    import fcntl
+
+    def refuse(fd, op):
+        raise OSError(38, "Function not implemented")  # flock on Lustre mounted noflock
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    d = _copy(synth_dir, tmp_path / "d")
+    assert len(list(ShardSet(d).batches("train", 64, seed=0, shuffle=True))) == 4

@@ -227,7 +227,10 @@ def _turn(path: Path):
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (Lustre mounted noflock): each may scan
+            pass
         yield
     finally:
         os.close(fd)  # closing releases the lock

@@ -34,7 +34,8 @@ from .io import code_version, file_sha256, provenance, read_json, remove_stale_t
 from .models import build_vit, model_name
 from .predictions import PREDICTIONS, split_digest, write_predictions
 from .registry import SOFTMAX
-from .train import TrainSpec, fit, live_log_path, publish_log
+from .checkpoints import live_log_path, publish_log
+from .train import TrainSpec, fit
 from .teachers import adapt, build_model, check_built_from, check_fit, describe, load_pretrained
 from .transfer import GROUPS, copy_groups
 

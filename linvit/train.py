@@ -4,11 +4,8 @@ AdamW, linear warmup then cosine decay, optional label smoothing (in the task's 
 clipping; seeded; a JSONL log and TensorBoard events (<out_dir>/tb, linvit.events); a checkpoint at
 every epoch end and every `checkpoint_every` steps, from which a killed job resumes to the same result.
 
-A checkpoint is a folder `checkpoint/step<N>/` holding `model.safetensors`, `state.pt` (optimizer,
-scheduler and RNG state: tensors and plain values only, read with `weights_only=True`) and
-`meta.json` (step, time, the run's first loss and its fingerprint), plus a `LATEST` pointer. A job
-resumes only from a checkpoint whose fingerprint equals its own (see `fit`); an unreadable or
-mismatched checkpoint is reported in one line and training starts afresh.
+A job resumes only from a checkpoint (linvit.checkpoints) whose fingerprint equals its own (see `fit`);
+an unreadable or mismatched checkpoint is reported in one line and training starts afresh.
 
 Device and precision come from a `linvit.device.Runtime`, decided once before the loop: the model
 and every batch go to its device, forward passes run under its autocast context, fp16 steps go
@@ -16,12 +13,12 @@ through a GradScaler, and `compile` compiles the model's forward in place (state
 Checkpoints load onto the CPU (`map_location`) whatever device wrote them; the optimizer then moves
 its state onto its parameters' device, so a run resumes on another device than the one it started on.
 
-Under torchrun the runtime's `World` makes the same loop data-parallel (see linvit.distributed):
-each rank trains on its share of every global batch, the step runs through DistributedDataParallel
-(the gradients averaged over the ranks while backward runs, the loss beside them), evaluation counts
-are summed, and only rank 0 writes the log, checkpoints and messages. Every rank resumes from the
-same checkpoint, each with its own random stream. With one process nothing is wrapped: the step is
-the task's loss and its backward, as before data parallelism existed.
+Under torchrun the runtime's `World` makes the same loop data-parallel (linvit.distributed;
+docs/data_parallel.md): each rank trains on its share of every global batch, and only rank 0 writes.
+
+`fit` reads top to bottom; each concern is a named piece below it: the run's state (`_Run`),
+resuming it with every rank's random state (`_resume`), what it writes (`_Outputs`), the divergence
+check (`_Watch`), the optimizer's step in each precision (`_update`) and the checkpoint (`_save`).
 
 The divergence check (`diverged`) does not read the loss on the host every step, which on a GPU
 would wait for the step to finish: it runs at the steps `_check_due` names (the first, every
@@ -35,11 +32,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import sys
 import time
-import types
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Protocol
@@ -49,7 +43,7 @@ from torch import nn
 
 from .device import Runtime, cpu_runtime
 from .events import NoEvents, RunEvents, events_dir as run_events_dir
-from .io import atomic_path, write_json, write_safetensors, write_text
+from .checkpoints import Checkpoints, NoLog, TrainLog, Unusable, live_log_path, one_line
 
 MAX_STEPS = 10**8       # a larger `steps` is a typo (10**12 would never finish), not a budget
 DIVERGE_FLOOR = 1.0     # the start loss below which the divergence threshold stops shrinking
@@ -175,194 +169,6 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
                 group[key] = optimizer.defaults[key]
 
 
-def _one_line(err: BaseException, limit: int = 160) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def fingerprint_changes(old: dict, new: dict) -> list[str]:
-    """The dotted keys whose values differ between two fingerprints (e.g. 'teacher.train.lr', 'data')."""
-    a, b = _flatten(old), _flatten(new)
-    return sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
-
-
-class _Unusable(Exception):
-    """A checkpoint that cannot be resumed from; the message is the one line to print."""
-
-
-class Checkpoints:
-    """step<N>/ folders (model.safetensors, state.pt, meta.json) and a LATEST pointer replaced atomically."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def latest(self) -> Path | None:
-        pointer = self.root / "LATEST"
-        if not pointer.exists():
-            return None
-        return self.root / pointer.read_text().strip()
-
-    def save(self, step: int, model: nn.Module, state: dict, meta: dict) -> None:
-        """Write step<N>/ completely, then point LATEST at it; a failed write (full disk) removes the
-        partial folder, keeps the previous checkpoint, and raises an OSError naming the file."""
-        folder = self.root / f"step{step:08d}"
-        if folder.exists():
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        try:
-            write_safetensors(folder / "model.safetensors", {k: v.cpu() for k, v in model.state_dict().items()})
-            with atomic_path(folder / "state.pt") as tmp, open(tmp, "wb") as f:
-                # torch's zip writer reports a failed write (ENOSPC on a full disk) as "enforce fail
-                # ... unexpected pos", by name or through a file object, whose OSError it swallows:
-                # the writes go through `write`, which keeps that OSError to raise instead, and
-                # atomic_path says it as "cannot write <state.pt>: No space left on device".
-                failed = []
-
-                def write(data):
-                    try:
-                        return f.write(data)
-                    except OSError as err:
-                        failed.append(err)
-                        raise
-
-                try:
-                    torch.save(state, types.SimpleNamespace(write=write, flush=f.flush))
-                except RuntimeError as err:
-                    if failed:
-                        raise failed[0] from None
-                    raise OSError(f"cannot write {folder / 'state.pt'}: {_one_line(err)}") from None
-            write_json(folder / "meta.json", meta)
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-        write_text(self.root / "LATEST", folder.name)
-        for old in self.root.glob("step*"):
-            if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
-
-    def load(self, model: nn.Module, fingerprint: dict) -> tuple[dict, dict, dict] | None:
-        """(weights, state, meta) of the latest checkpoint, None when there is none.
-
-        Raises _Unusable (a one-line reason) when it cannot be read or was made under another
-        fingerprint. Nothing is applied to the model here, so a fresh start stays fresh.
-        """
-        folder = self.latest()
-        if folder is None:
-            return None
-        meta_path = folder / "meta.json"
-        try:
-            meta = json.loads(meta_path.read_text())
-            missing = [k for k in ("fingerprint", "step", "elapsed_s", "start_loss") if k not in meta]
-            if missing:
-                raise ValueError(f"lacks {', '.join(missing)}")
-            saved = meta["fingerprint"]
-        except (OSError, ValueError, TypeError) as err:
-            raise _Unusable(f"checkpoint file {meta_path} is unreadable ({_one_line(err)})") from None
-        changed = fingerprint_changes(saved, fingerprint)
-        if changed:
-            shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
-            raise _Unusable(f"checkpoint in {self.root} was made under another config (changed: {shown})")
-        from safetensors.torch import load_file
-
-        weights_path, state_path = folder / "model.safetensors", folder / "state.pt"
-        try:
-            weights = load_file(str(weights_path))
-        except Exception as err:  # safetensors raises SafetensorError, OSError... for a bad file
-            raise _Unusable(f"checkpoint file {weights_path} is unreadable ({_one_line(err)})") from None
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        if {k: tuple(v.shape) for k, v in weights.items()} != expected:
-            raise _Unusable(f"checkpoint file {weights_path} does not fit the model (other tensors or shapes)")
-        try:
-            # weights_only: a state.pt that is not plain tensors and containers is refused, never run.
-            # map_location cpu: tensors a CUDA run saved load on any machine; the RNG state must be a
-            # CPU tensor, and optimizer.load_state_dict moves its state onto the parameters' device.
-            state = torch.load(state_path, map_location="cpu", weights_only=True)
-            missing = [k for k in ("optimizer", "scheduler", "rng") if k not in state]
-            if missing:
-                raise ValueError(f"lacks {', '.join(missing)}")
-        except Exception as err:  # truncated zip, unpickling refused, wrong content
-            raise _Unusable(f"checkpoint file {state_path} is unreadable ({_one_line(err)})") from None
-        return weights, state, meta
-
-
-def live_log_path(out_dir: str | Path) -> Path:
-    """Where `fit` writes train.jsonl while it runs: inside the checkpoint folder, beside the state it
-    matches. Snakemake deletes a job's declared outputs (train.jsonl among them) before it reruns
-    the job, but not the checkpoint, so a resumed run keeps its log from step 0."""
-    return Path(out_dir) / "checkpoint" / "train.jsonl"
-
-
-def publish_log(out_dir: str | Path) -> Path:
-    """Move the finished run's log to <out_dir>/train.jsonl (atomic rename)."""
-    final = Path(out_dir) / "train.jsonl"
-    os.replace(live_log_path(out_dir), final)
-    return final
-
-
-class _NoLog:
-    """The log of a rank other than 0: rank 0 writes the one log of the job."""
-
-    def write(self, record: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class _Log:
-    """The JSONL log; on resume, the lines after the checkpoint's step are dropped (they get redone).
-
-    A last line that does not parse is the write a kill interrupted: dropped. A malformed line
-    elsewhere is an error naming file:line, raised before the file is touched.
-    """
-
-    def __init__(self, path: Path, resume_step: int | None):
-        self.path = path
-        lines = []
-        if resume_step is not None and path.exists():
-            lines = self._kept(path, resume_step)
-        write_text(path, "".join(ln + "\n" for ln in lines))
-        self.file = path.open("a")
-
-    @staticmethod
-    def _kept(path: Path, resume_step: int) -> list[str]:
-        try:
-            raw = path.read_text(encoding="utf-8", errors="replace").split("\n")
-        except OSError as err:
-            raise OSError(f"{path}: cannot read the training log ({_one_line(err)})") from None
-        numbered = [(i, ln) for i, ln in enumerate(raw, 1) if ln.strip()]
-        kept = []
-        for n, (i, ln) in enumerate(numbered):
-            try:
-                record = json.loads(ln)
-                step = record.get("step", 0)
-            except (ValueError, AttributeError) as err:
-                if n == len(numbered) - 1:
-                    break  # the interrupted last write
-                raise ValueError(f"{path}:{i}: malformed log line ({_one_line(err, 80)}); fix or delete "
-                                 f"that line and rerun (the checkpoint is kept)") from None
-            if step <= resume_step:
-                kept.append(ln)
-        return kept
-
-    def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
-
-
 def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, desc: str = "train",
         fingerprint: dict | None = None, runtime: Runtime | None = None, events_dir: str | Path | None = None,
         events_offset: int = 0, hparams: dict | None = None) -> dict:
@@ -384,164 +190,252 @@ def fit(task: Task, spec: TrainSpec, data, out_dir: str | Path, *, seed: int, de
     `hparams` (linvit.events.cell_hparams) for TensorBoard's HParams view.
     """
     runtime = runtime or cpu_runtime()
-    world = runtime.world
-    out_dir = Path(out_dir)
+    world, out_dir = runtime.world, Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if fingerprint is None:  # a caller that says nothing: at least the seed and the spec
-        fingerprint = {"train": vars(spec)}
-    fingerprint = {"seed": seed, **fingerprint}
-    # JSON round trip: the fingerprint is compared with one read back from meta.json.
-    fingerprint = json.loads(json.dumps(fingerprint))
-    model, named = runtime.place(task.model), task.trainable()
-    scaler = runtime.scaler()  # None unless fp16
-    optimizer = make_optimizer(model, named, spec)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
+    fingerprint = _fingerprint(fingerprint, spec, seed)
+    run = _Run.new(task, spec, runtime)
     ckpts = Checkpoints(out_dir / "checkpoint")
+    steps_per_epoch = _steps_per_epoch(data, spec, world, desc)
+    _resume(run, ckpts, fingerprint, spec, runtime, seed, desc)
+    # The step: the task's loss, or under torchrun DDP around it, which broadcasts rank 0's parameters
+    # (the ranks start equal whatever each built or loaded; they should agree anyway).
+    train_step = world.train_step(task, compiled=bool(runtime.compile))
+    out = _Outputs(task, spec, runtime, out_dir, run, desc, events_dir, events_offset, hparams)
+    _compile(task, run.model, runtime)
+    if not run.resumed and spec.eval_every:
+        out.evaluate(run, 0, final=False)  # what the initialization alone gives
+    out.start(run)
+    watch = _Watch(spec, steps_per_epoch, desc, run.step)
+    started = time.perf_counter() - run.elapsed
+    run.model.train()
+    try:
+        while run.step < spec.steps:
+            epoch, skip = divmod(run.step, steps_per_epoch)
+            for x, y in data.batches("train", spec.batch_size, seed=seed, epoch=epoch, shuffle=True,
+                                     drop_last=True, skip_batches=skip, rank=world.rank, ranks=world.size):
+                x, y = runtime.batch(x, y)
+                run.optimizer.zero_grad(set_to_none=True)
+                with runtime.autocast():
+                    loss = train_step.loss(x, y)
+                value = train_step.backward(loss, run.scaler)  # averaged over the ranks, left on the device
+                checked = watch.check(value, run)  # TrainingDiverged here: before this batch's update
+                _update(run, spec)
+                run.step += 1
+                run.elapsed = time.perf_counter() - started
+                out.trained(run, epoch, watch.last_loss if checked else value, watch.last_loss)
+                if spec.eval_every and run.step % spec.eval_every == 0 and run.step < spec.steps:
+                    out.evaluate(run, epoch, final=False)
+                epoch_end = run.step % steps_per_epoch == 0
+                if run.step < spec.steps and (epoch_end or (spec.checkpoint_every
+                                                            and run.step % spec.checkpoint_every == 0)):
+                    _save(run, ckpts, runtime, out.events, fingerprint)
+                if run.step >= spec.steps or epoch_end:
+                    break
+        out.bar.close()
+        final = out.evaluate(run, (run.step - 1) // steps_per_epoch, final=True)
+    finally:
+        out.close()
+    return {"steps": run.step, "epochs": run.step / steps_per_epoch, "train_time_s": round(run.elapsed, 3),
+            "eval_time_s": round(out.eval_time, 3), "images_seen": run.step * spec.batch_size,
+            "final_loss": watch.last_loss, **final}
+
+
+# -- the pieces of `fit`, in the order it uses them -------------------------------------------------
+
+def _fingerprint(fingerprint: dict | None, spec: TrainSpec, seed: int) -> dict:
+    """The run's fingerprint with its seed, as it reads back from meta.json (a JSON round trip). A caller
+    that says nothing gets at least the seed and the spec."""
+    return json.loads(json.dumps({"seed": seed, **(fingerprint if fingerprint is not None else {"train": vars(spec)})}))
+
+
+@dataclass
+class _Run:
+    """What the loop carries from step to step, and a checkpoint keeps: the model on its device, the
+    trained parameters, the optimizer, schedule and fp16 scaler, the step, the loop's seconds and the
+    run's first checked loss (the divergence check's reference)."""
+
+    model: nn.Module
+    named: list
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: object | None
+    step: int = 0
+    elapsed: float = 0.0
+    start_loss: float | None = None
+    resumed: bool = False
+
+    @classmethod
+    def new(cls, task: Task, spec: TrainSpec, runtime: Runtime) -> "_Run":
+        model, named = runtime.place(task.model), task.trainable()
+        optimizer = make_optimizer(model, named, spec)
+        return cls(model, named, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor),
+                   runtime.scaler())  # the scaler: None unless fp16
+
+    def renew_optimizer(self, spec: TrainSpec) -> None:
+        self.optimizer = make_optimizer(self.model, self.named, spec)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, spec.lr_factor)
+
+
+def _steps_per_epoch(data, spec: TrainSpec, world, desc: str) -> int:
+    """Full batches per epoch; the global batch must fit the data and split evenly over the ranks."""
     steps_per_epoch = data.steps_per_epoch("train", spec.batch_size)
     if steps_per_epoch < 1:
         raise ValueError(f"{desc}: batch_size {spec.batch_size} exceeds the "
                          f"{data.num_samples('train')} training samples")
-    local_batch = world.local_batch(spec.batch_size, desc)  # the global batch must split evenly
+    local_batch = world.local_batch(spec.batch_size, desc)
     if world.parallel and world.main:
         print(f"{desc}: data parallel over {world.size} processes ({world.backend}), {local_batch} "
               f"samples each of every batch of {spec.batch_size}", file=sys.stderr)
+    return steps_per_epoch
 
+
+def _resume(run: _Run, ckpts: "Checkpoints", fingerprint: dict, spec: TrainSpec, runtime: Runtime, seed: int,
+            desc: str) -> None:
+    """Seed this rank's stream, then load the checkpoint made under `fingerprint`, if there is one: the
+    weights, optimizer, schedule, fp16 scaler and this rank's random state (one line on stderr, from
+    rank 0, when a checkpoint cannot be used)."""
+    world = runtime.world
+    say = (lambda text: print(text, file=sys.stderr)) if world.main else (lambda text: None)
     # Each rank its own stream for dropout, drop-path and mixup; rank 0's is the seed's (linvit.distributed).
     torch.manual_seed(world.rank_seed(seed))
-    step, elapsed, start_loss = 0, 0.0, None
     try:
-        resumed = ckpts.load(model, fingerprint)
-    except _Unusable as why:
-        if world.main:  # every rank reads the same checkpoint: one line for the job
-            print(f"{desc}: {why}; starting afresh", file=sys.stderr)
-        resumed = None
-    if resumed is not None:
-        weights, state, meta = resumed
-        try:
-            load_optimizer_state(optimizer, state["optimizer"])  # checks before it changes anything
-        except (ValueError, KeyError, TypeError) as err:
-            if world.main:
-                print(f"{desc}: checkpoint file {ckpts.latest() / 'state.pt'} does not fit the optimizer "
-                      f"({_one_line(err)}); starting afresh", file=sys.stderr)
-            optimizer = make_optimizer(model, named, spec)
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, spec.lr_factor)
-            resumed = None
-    if resumed is not None:
-        model.load_state_dict(weights)  # keys and shapes were checked
-        scheduler.load_state_dict(state["scheduler"])
-        step, elapsed, start_loss = meta["step"], meta["elapsed_s"], meta["start_loss"]
-        # This rank's generators: rank 0's are "rng"/"cuda_rng", the others' in "ranks_rng".
-        others = state.get("ranks_rng") or []
-        rng = state if world.rank == 0 else (others[world.rank - 1] if world.rank <= len(others) else None)
-        if rng is None:  # more processes than wrote the checkpoint: a fresh stream of (seed, rank, step)
-            torch.manual_seed(world.rank_seed(seed, step))
-        else:
-            torch.set_rng_state(rng["rng"])
-            if runtime.cuda and "cuda_rng" in rng:  # dropout on CUDA draws from the device's generator
-                torch.cuda.set_rng_state(rng["cuda_rng"], runtime.device)
-        if scaler is not None and state.get("scaler"):
-            scaler.load_state_dict(state["scaler"])
-        if world.main:
-            print(f"{desc}: resuming from step {step}", file=sys.stderr)
-    # The step: the task's loss, or under torchrun DDP around it, which broadcasts rank 0's parameters
-    # (the ranks start equal whatever each built or loaded; they should agree anyway).
-    train_step = world.train_step(task, compiled=bool(runtime.compile))
-    log = _Log(live_log_path(out_dir), step if resumed is not None else None) if world.main else _NoLog()
-    events = (RunEvents(events_dir or run_events_dir(out_dir), batch_size=spec.batch_size, resumed=resumed is not None,
-                        step=step, seconds=elapsed, offset=events_offset, hparams=hparams)
-              if world.main else NoEvents())
+        resumed = ckpts.load(run.model, fingerprint)
+    except Unusable as why:
+        say(f"{desc}: {why}; starting afresh")  # every rank reads the same checkpoint: one line for the job
+        return
+    if resumed is None:
+        return
+    weights, state, meta = resumed
+    try:
+        load_optimizer_state(run.optimizer, state["optimizer"])  # checks before it changes anything
+    except (ValueError, KeyError, TypeError) as err:
+        say(f"{desc}: checkpoint file {ckpts.latest() / 'state.pt'} does not fit the optimizer "
+            f"({one_line(err)}); starting afresh")
+        run.renew_optimizer(spec)
+        return
+    run.model.load_state_dict(weights)  # keys and shapes were checked
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.step, run.elapsed, run.start_loss, run.resumed = meta["step"], meta["elapsed_s"], meta["start_loss"], True
+    # This rank's generators: rank 0's are "rng"/"cuda_rng", the others' in "ranks_rng".
+    others = state.get("ranks_rng") or []
+    rng = state if world.rank == 0 else (others[world.rank - 1] if world.rank <= len(others) else None)
+    if rng is None:  # more processes than wrote the checkpoint: a fresh stream of (seed, rank, step)
+        torch.manual_seed(world.rank_seed(seed, run.step))
+    else:
+        torch.set_rng_state(rng["rng"])
+        if runtime.cuda and "cuda_rng" in rng:  # dropout on CUDA draws from the device's generator
+            torch.cuda.set_rng_state(rng["cuda_rng"], runtime.device)
+    if run.scaler is not None and state.get("scaler"):
+        run.scaler.load_state_dict(state["scaler"])
+    say(f"{desc}: resuming from step {run.step}")
 
-    def checkpoint():
-        rngs = world.rng_states(runtime.device if runtime.cuda else None)  # every rank takes part
-        if not world.main:
-            return
-        events.flush()  # the steps up to this checkpoint, which a resumed run keeps
-        state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), **rngs[0]}
-        if world.parallel:
-            state["ranks_rng"] = rngs[1:]
-        if scaler is not None:
-            state["scaler"] = scaler.state_dict()
-        ckpts.save(step, model, state,
-                   {"step": step, "elapsed_s": elapsed, "start_loss": start_loss, "fingerprint": fingerprint})
 
+def _compile(task: Task, model: nn.Module, runtime: Runtime) -> None:
+    """`runtime.compile`: the task's modules compiled in place (nn.Module.compile), so parameters,
+    state_dict keys and checkpoints stay as in eager."""
     if runtime.compile:
-        # In place (nn.Module.compile): parameters, state_dict keys and checkpoints stay as in eager.
         for module in getattr(task, "compiled_modules", lambda: [model])():
             module.compile(backend=runtime.compile)
-    eval_time = [0.0]  # seconds this call spent evaluating (its own cost, beside train_time_s)
 
-    def evaluate(at_step, epoch, final):
+
+class _Outputs:
+    """What the loop writes as it goes: rank 0's train.jsonl, TensorBoard events and progress, and the
+    evaluations (their seconds counted apart: eval_time_s, and left out of the events' images/s)."""
+
+    def __init__(self, task: Task, spec: TrainSpec, runtime: Runtime, out_dir: Path, run: _Run, desc: str,
+                 events_dir, events_offset: int, hparams: dict | None):
+        main = runtime.world.main
+        self.task, self.spec, self.runtime, self.desc = task, spec, runtime, desc
+        self.log = TrainLog(live_log_path(out_dir), run.step if run.resumed else None) if main else NoLog()
+        self.events = (RunEvents(events_dir or run_events_dir(out_dir), batch_size=spec.batch_size,
+                                 resumed=run.resumed, step=run.step, seconds=run.elapsed, offset=events_offset,
+                                 hparams=hparams) if main else NoEvents())
+        self.eval_time = 0.0  # seconds this call spent evaluating
+        self.bar, self.eval_before = None, 0.0
+
+    def evaluate(self, run: _Run, epoch: int, final: bool) -> dict:
         start = time.perf_counter()
-        result = _evaluate(task, log, at_step, epoch, elapsed, final=final, runtime=runtime)
-        eval_time[0] += time.perf_counter() - start
-        events.evaluation(at_step, result)
+        result = _evaluate(self.task, self.log, run.step, epoch, run.elapsed, final=final, runtime=self.runtime)
+        self.eval_time += time.perf_counter() - start
+        self.events.evaluation(run.step, result)
         return result
 
-    if resumed is None and spec.eval_every:
-        evaluate(0, 0, final=False)  # what the initialization alone gives
-    bar = _progress(spec.steps, step, desc, quiet=not world.main)
-    last_loss, started = float("nan"), time.perf_counter() - elapsed
-    evaluated = eval_time[0]  # evaluation seconds before the loop, which `elapsed` leaves out
-    # The loss is read on the host (a sync on CUDA) only at the steps `_check_due` names; between
-    # them the highest loss since the last check stays on the device (NaN wins: torch.maximum).
-    worst, since = None, step + 1
-    model.train()
-    try:
-        while step < spec.steps:
-            epoch, skip = divmod(step, steps_per_epoch)
-            for x, y in data.batches("train", spec.batch_size, seed=seed, epoch=epoch, shuffle=True,
-                                     drop_last=True, skip_batches=skip, rank=world.rank, ranks=world.size):
-                x, y = runtime.batch(x, y)
-                optimizer.zero_grad(set_to_none=True)
-                with runtime.autocast():
-                    loss = train_step.loss(x, y)
-                # Backward; the gradients and the loss averaged over the ranks (with one process the
-                # loss itself), the loss left on the device.
-                value = train_step.backward(loss, scaler)
-                worst = value if worst is None else torch.maximum(worst, value)
-                checked = _check_due(spec, step + 1, steps_per_epoch)
-                if checked:
-                    last_loss, highest = value.item(), worst.item()
-                    if start_loss is None:
-                        start_loss = last_loss
-                    if diverged(spec, highest, start_loss):  # before the step: no update from this batch
-                        if diverged(spec, last_loss, start_loss):  # this step's own loss: say so
-                            highest, since = last_loss, step + 1
-                        raise TrainingDiverged(_diverged_message(desc, spec, highest, start_loss, since, step + 1))
-                    worst, since = None, step + 2
-                if scaler is None:
-                    if spec.clip_grad:
-                        nn.utils.clip_grad_norm_([p for _, p in named], spec.clip_grad)
-                    optimizer.step()
-                else:
-                    if spec.clip_grad:
-                        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-                        nn.utils.clip_grad_norm_([p for _, p in named], spec.clip_grad)
-                    scaler.step(optimizer)  # skipped when the scaled gradients overflowed
-                    scaler.update()
-                scheduler.step()
-                step += 1
-                elapsed = time.perf_counter() - started
-                bar.update(step, last_loss if checked else value)
-                if step % spec.log_every == 0 or step == spec.steps:
-                    log.write({"kind": "train", "step": step, "epoch": epoch, "loss": last_loss,
-                               "lr": scheduler.get_last_lr()[0], "elapsed_s": round(elapsed, 3)})
-                    events.train(step, last_loss, scheduler.get_last_lr()[0], elapsed - (eval_time[0] - evaluated))
-                if spec.eval_every and step % spec.eval_every == 0 and step < spec.steps:
-                    evaluate(step, epoch, final=False)
-                epoch_end = step % steps_per_epoch == 0
-                if step < spec.steps and (epoch_end or (spec.checkpoint_every and step % spec.checkpoint_every == 0)):
-                    checkpoint()
-                if step >= spec.steps or epoch_end:
-                    break
-        bar.close()
-        final = evaluate(step, (step - 1) // steps_per_epoch, final=True)
-    finally:
-        log.close()
-        events.close()
-    return {"steps": step, "epochs": step / steps_per_epoch, "train_time_s": round(elapsed, 3),
-            "eval_time_s": round(eval_time[0], 3), "images_seen": step * spec.batch_size,
-            "final_loss": last_loss, **final}
+    def start(self, run: _Run) -> None:
+        """The loop starts: its progress bar, and the evaluation seconds so far (outside the loop's clock)."""
+        self.bar = _progress(self.spec.steps, run.step, self.desc, quiet=not self.runtime.world.main)
+        self.eval_before = self.eval_time
+
+    def trained(self, run: _Run, epoch: int, shown, last_loss: float) -> None:
+        """After a step: progress (`shown`: the checked loss, or the step's own on the device), and at every
+        `log_every`-th step and the last the log line and events of the last checked loss."""
+        self.bar.update(run.step, shown)
+        if run.step % self.spec.log_every == 0 or run.step == self.spec.steps:
+            lr = run.scheduler.get_last_lr()[0]
+            self.log.write({"kind": "train", "step": run.step, "epoch": epoch, "loss": last_loss, "lr": lr,
+                            "elapsed_s": round(run.elapsed, 3)})
+            self.events.train(run.step, last_loss, lr, run.elapsed - (self.eval_time - self.eval_before))
+
+    def close(self) -> None:
+        self.log.close()
+        self.events.close()
+
+
+class _Watch:
+    """The divergence check, delayed: the loss is read on the host (a sync on CUDA) only at the steps
+    `_check_due` names; between them the highest loss since the last check stays on the device (NaN
+    wins: torch.maximum), and the check at the next due step covers those steps too."""
+
+    def __init__(self, spec: TrainSpec, steps_per_epoch: int, desc: str, step: int):
+        self.spec, self.steps_per_epoch, self.desc = spec, steps_per_epoch, desc
+        self.worst, self.since, self.last_loss = None, step + 1, float("nan")
+
+    def check(self, value: torch.Tensor, run: _Run) -> bool:
+        """Whether the loss of step run.step + 1 (`value`) was read; raises TrainingDiverged when the highest
+        loss since the last check diverged from the run's first (`diverged`)."""
+        step = run.step + 1
+        self.worst = value if self.worst is None else torch.maximum(self.worst, value)
+        if not _check_due(self.spec, step, self.steps_per_epoch):
+            return False
+        self.last_loss, highest = value.item(), self.worst.item()
+        if run.start_loss is None:
+            run.start_loss = self.last_loss
+        if diverged(self.spec, highest, run.start_loss):
+            if diverged(self.spec, self.last_loss, run.start_loss):  # this step's own loss: say so
+                highest, self.since = self.last_loss, step
+            raise TrainingDiverged(_diverged_message(self.desc, self.spec, highest, run.start_loss, self.since, step))
+        self.worst, self.since = None, step + 1
+        return True
+
+
+def _update(run: _Run, spec: TrainSpec) -> None:
+    """The optimizer's and the schedule's step, after clipping the true gradients (unscaled under fp16; a
+    GradScaler skips a step whose scaled gradients overflowed)."""
+    if spec.clip_grad:
+        if run.scaler is not None:
+            run.scaler.unscale_(run.optimizer)
+        nn.utils.clip_grad_norm_([p for _, p in run.named], spec.clip_grad)
+    if run.scaler is None:
+        run.optimizer.step()
+    else:
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    run.scheduler.step()
+
+
+def _save(run: _Run, ckpts: "Checkpoints", runtime: Runtime, events, fingerprint: dict) -> None:
+    """A checkpoint of the run at its step: every rank's random state gathered (a collective), rank 0 writes."""
+    world = runtime.world
+    rngs = world.rng_states(runtime.device if runtime.cuda else None)  # every rank takes part
+    if not world.main:
+        return
+    events.flush()  # the steps up to this checkpoint, which a resumed run keeps
+    state = {"optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(), **rngs[0]}
+    if world.parallel:
+        state["ranks_rng"] = rngs[1:]
+    if run.scaler is not None:
+        state["scaler"] = run.scaler.state_dict()
+    ckpts.save(run.step, run.model, state,
+               {"step": run.step, "elapsed_s": run.elapsed, "start_loss": run.start_loss, "fingerprint": fingerprint})
 
 
 def _check_due(spec: TrainSpec, step: int, steps_per_epoch: int) -> bool:

@@ -17,9 +17,9 @@ from timm.models.vision_transformer import VisionTransformer
 
 import linvit.io as lio
 from linvit import cli, steps
-from linvit import train as train_mod
+from linvit import checkpoints as checkpoints_mod, train as train_mod
 from linvit.grid import MODEL_FILES
-from linvit.train import live_log_path
+from linvit.checkpoints import live_log_path
 from linvit.data import write_shards
 
 from conftest import TINY_SYNTHETIC
@@ -49,15 +49,15 @@ class Stop(Exception):
 
 def stop_after(monkeypatch, at):
     """Make training stop (raise Stop) once a checkpoint at step >= `at` is saved; returns an undo."""
-    save = train_mod.Checkpoints.save
+    save = checkpoints_mod.Checkpoints.save
 
     def saving(self, step, *args, **kwargs):
         save(self, step, *args, **kwargs)
         if step >= at:
             raise Stop
 
-    monkeypatch.setattr(train_mod.Checkpoints, "save", saving)
-    return lambda: monkeypatch.setattr(train_mod.Checkpoints, "save", save)
+    monkeypatch.setattr(checkpoints_mod.Checkpoints, "save", saving)
+    return lambda: monkeypatch.setattr(checkpoints_mod.Checkpoints, "save", save)
 
 
 def stopped_teacher(monkeypatch, cfg, shards, out, at=10):
@@ -269,7 +269,7 @@ def full_disk_at(monkeypatch, folder_name):
         return real(tensors, filename, metadata)
 
     monkeypatch.setattr(safetensors.torch, "save_file", save_file)
-    for module in (steps, train_mod):  # where the writer was imported by name, if it still is
+    for module in (steps, train_mod, checkpoints_mod):  # where the writer was imported by name, if it still is
         monkeypatch.setattr(module, "save_file", save_file, raising=False)
 
 
@@ -320,7 +320,7 @@ def test_full_disk_while_saving_state_pt_says_so_and_keeps_the_previous_checkpoi
             return builtins.open("/dev/full", mode, *args, **kwargs)
         return builtins.open(file, mode, *args, **kwargs)
 
-    monkeypatch.setattr(train_mod, "open", full_disk, raising=False)
+    monkeypatch.setattr(checkpoints_mod, "open", full_disk, raising=False)
     rc, err = cli_run(teacher_args(config(), shards, out), capsys)
     assert rc == 1 and "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("linvit: error:")]
@@ -331,7 +331,7 @@ def test_full_disk_while_saving_state_pt_says_so_and_keeps_the_previous_checkpoi
     assert latest(out) == kept and [p.name for p in (out / "checkpoint").glob("step*")] == [kept.name]
     assert not list((out / "checkpoint").rglob(".*.tmp"))
     torch.load(kept / "state.pt", weights_only=True)  # intact
-    monkeypatch.delattr(train_mod, "open")
+    monkeypatch.delattr(checkpoints_mod, "open")
     rc, err = cli_run(teacher_args(config(), shards, out), capsys)
     assert rc == 0 and "resuming from step 5" in err, err
 
@@ -348,7 +348,7 @@ def test_a_real_full_disk_while_saving_state_pt(tmp_path):
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
         pytest.skip("cannot mount a tmpfs here (root only)")
     try:
-        saver = train_mod.Checkpoints(disk / "checkpoint")
+        saver = checkpoints_mod.Checkpoints(disk / "checkpoint")
         model = torch.nn.Linear(4, 4)
         saver.save(1, model, {"step": torch.arange(3)}, {"step": 1})
         with pytest.raises(OSError) as err:

@@ -353,7 +353,7 @@ def test_a_job_slurm_kills_is_resubmitted_and_resumes(slurm_cluster, tmp_path):
                                 cwd=tmp_path, env=profile_env(**NO_ACCOUNTING), stdout=sink, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 120
-            # LATEST points at a complete checkpoint (linvit.train.Checkpoints writes it last).
+            # LATEST points at a complete checkpoint (linvit.checkpoints.Checkpoints writes it last).
             while not (teacher / "checkpoint/LATEST").exists() and time.monotonic() < deadline:
                 assert proc.poll() is None, (tmp_path / "snakemake.out").read_text()[-3000:]
                 time.sleep(0.5)

@@ -231,7 +231,8 @@ def _map_losses_one(teacher, student, x: torch.Tensor, dtype: torch.dtype) -> di
     """Every map loss on (teacher, student), teacher-forced and end to end, once under `dtype` autocast
     and once without: what the losses read (linvit.losses' per-batch views, as the objective builds
     them) and their values; then the autocast objective's backward."""
-    from .losses import LOSSES, Objective, _Batch
+    from .losses import LOSSES, Objective
+    from .losses.objective import _Batch
 
     terms = [{"loss": n} if spec.forcing != "optional" else {"loss": n, "forced": forced}
              for n, spec in sorted(LOSSES.items()) if "maps" in spec.reads

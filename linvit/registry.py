@@ -28,7 +28,7 @@ LOSS_ALIASES = {"mse": "proj_mse", "attn_ce": "map_ce"}
 _KINDS = {
     "variant": ("register_attention", "attention/*.py", ("linvit.attention.base", "ATTENTION")),
     "source": ("register_source", "data/sources.py", ("linvit.data.sources", "SOURCES")),
-    "loss": ("register_loss", "losses.py", ("linvit.losses", "LOSSES")),
+    "loss": ("register_loss", "losses/*.py", ("linvit.losses", "LOSSES")),
 }
 
 

@@ -93,7 +93,7 @@ def test_the_map_check_catches_maps_computed_under_autocast(quiet_machine, monke
     def under_autocast(attn, x, grad=False):
         return attn.attention_maps(x, grad=grad) if isinstance(attn, LinearAttention) else softmax_attention_maps(attn, x)
 
-    monkeypatch.setattr(linvit.losses, "attention_maps", under_autocast)
+    monkeypatch.setattr(linvit.losses.objective, "attention_maps", under_autocast)
     rt = runtime({"runtime": {"precision": "fp32"}}, device="cpu")
     maps = gpucheck.map_losses_all(["elu"], rt, size="micro", img_size=16, in_chans=1, num_classes=4)
     assert list(maps.variant) == ["elu"] and not maps.ok.any() and (maps.error == "").all()

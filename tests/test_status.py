@@ -375,3 +375,24 @@ def test_the_status_benchmark_times_status_on_a_generated_tree():
     assert 0 < rows["seconds"]["value"] < 60 and rows["seconds"]["target"] == "<= 5"
     students = sum(j.rule == "student" for j in grid.jobs(CONFIG))
     assert rows["finished_jobs"]["value"] == len(grid.jobs(CONFIG)) - students - 1 + int(students * 0.6)
+
+
+def test_slurm_s_accounting_is_read_where_the_cluster_keeps_it(tmp_path, monkeypatch):
+    # The test cluster keeps no accounting, so sacct's path is read here from its parsable output (-P) as
+    # a cluster with accounting prints it; scontrol (which fails here) is not needed then.
+    from linvit.status_slurm import ended
+
+    bin_dir = tmp_path / "bin"
+    write(bin_dir / "sacct", "#!/bin/sh\n"
+                             "echo '700|TIMEOUT|None|2026-12-06T10:00:00|2026-12-06T10:05:00|2026-12-06T11:05:00|node3|/w'\n"
+                             "echo '701|CANCELLED by 0|None|2026-12-06T10:00:00|2026-12-06T10:06:00|"
+                             "2026-12-06T10:07:00|node4|/w'\n")
+    write(bin_dir / "scontrol", "#!/bin/sh\nexit 1\n")
+    for name in ("sacct", "scontrol"):
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    found = ended({"700", "701", "702"})
+    assert set(found) == {"700", "701"}
+    assert (found["700"].state, found["700"].node, found["700"].workdir) == ("TIMEOUT", "node3", "/w")
+    assert found["700"].queue_wait == 300 and found["700"].ended - found["700"].started == 3600
+    assert found["701"].state == "CANCELLED"  # sacct's "CANCELLED by <uid>"

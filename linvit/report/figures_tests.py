@@ -4,13 +4,12 @@ A fixed design draws each cell's estimate with the test's own paired interval (t
 test images paired, at `claims.level`). A sequential plan draws each cell's estimate and repeated interval at
 each look against the seeds of that look, the stopping look ringed. Shares are in %, differences in pp; an
 unbounded end (a share whose benefit is not established) is clipped to the panel's edge, an arrowhead there.
-Drawn as linvit.report.figures draws (Agg `Figure`, no pyplot), saved by its save_figure.
+Drawn as the other figure families draw (an Agg `Figure`, no pyplot); linvit.report.figures names and saves it.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import seaborn as sns
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -19,9 +18,7 @@ from matplotlib.lines import Line2D
 
 from linvit.report.claims import CLAIMS, NOT_EVALUABLE, ClaimVerdict, TestOutcome
 from linvit.report.decisions import deciding_tests
-from linvit.report.figures import save_figure
 
-TESTS_FIGURE = "claim_tests"  # one of linvit.grid.REPORT_FIGURES: the report rule declares it
 CAPTION = ("Each deciding test of each linear cell against its threshold (dashed), one panel per test: under a fixed "
            "design its estimate and paired interval (the claims' own, at `claims.level`); under a sequential plan its "
            "estimate and repeated interval at each look against the seeds of that look, the stopping look ringed. An "
@@ -30,8 +27,8 @@ THRESHOLD_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.0}
 _STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
 
 
-def claim_tests(verdicts: list[ClaimVerdict], looks: list[int] | None, out_dir: str | Path) -> list[Path]:
-    """Draw the figure; `looks`: the plan's looks (config `sequential.looks`), None for a fixed design."""
+def draw_claim_tests(verdicts: list[ClaimVerdict], looks: list[int] | None) -> Figure:
+    """The figure; `looks`: the plan's looks (config `sequential.looks`), None for a fixed design."""
     sequential = bool(looks)
     panels: dict[str, list[tuple[str, TestOutcome]]] = {}
     for claim, key, _, t in deciding_tests(verdicts):
@@ -76,7 +73,7 @@ def claim_tests(verdicts: list[ClaimVerdict], looks: list[int] | None, out_dir: 
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), frameon=False)
     fig.suptitle("Deciding tests against their thresholds" + (": each look's repeated interval" if sequential
                                                               else ": the claims' paired intervals"))
-    return save_figure(fig, Path(out_dir) / TESTS_FIGURE)
+    return fig
 
 
 def _scaled(x: float) -> float:

@@ -27,11 +27,11 @@ from linvit.report.claims import CONTROL_VARIANT, ClaimVerdict, evaluate_claims,
 from linvit.report.claims_text import (budget_markdown, claims_markdown, control_markdown, coverage_section,
                                        mde_markdown, roles_markdown, rules_markdown, verdicts_table)
 from linvit.report.decisions import section as decisions_section
-from linvit.report.figures_tests import CAPTION as TESTS_CAPTION, TESTS_FIGURE, claim_tests
+from linvit.report.figures_tests import CAPTION as TESTS_CAPTION
 from linvit.report.roles import COPY_MLP_DISTILL, resolve_roles
 from linvit.report.tables import cost_table, designs_table, pct, summarize, training_text, unequal_distillation
-from linvit.report.figures import (accuracy_by_budget, accuracy_vs_throughput, attention_maps, cost_to_accuracy,
-                                   fidelity_by_block, gap_closed_heatmap, write_figures)
+from linvit.report.figures import (TESTS_FIGURE, accuracy_by_budget, accuracy_vs_throughput, attention_maps,
+                                   claim_tests, cost_to_accuracy, fidelity_by_block, gap_closed_heatmap, write_figures)
 from linvit.report.provenance import collect as collect_provenance, markdown as provenance_markdown
 
 # The names come from linvit.grid (the workflow's list of the report's outputs), each spelled once there.

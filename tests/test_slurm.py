@@ -382,6 +382,49 @@ def test_a_job_slurm_kills_is_resubmitted_and_resumes(slurm_cluster, tmp_path):
     assert (teacher / "model.safetensors").exists()
 
 
+@pytest.mark.slurm
+def test_ranks_srun_starts_are_refused_before_any_work(slurm_cluster, tmp_path):
+    """`srun -n 2 linvit teacher ...`, Slurm's own way to start ranks: without torchrun's variables each
+    task would train alone as rank 0 into the same --out. Each task refuses in one line (read from the
+    variables srun really sets) before reading the shards or writing anything."""
+    out = subprocess.run(["srun", "-n", "2", "--chdir", str(tmp_path), str(BIN / "linvit"), "teacher", "--config",
+                          str(REPO / "workflow/config/smoke.yaml"), "--size", "micro", "--seed", "0", "--shards",
+                          str(tmp_path / "shards"), "--out", str(tmp_path / "out"), "--threads", "1"],
+                         capture_output=True, text=True, timeout=300, env=profile_env())
+    said = [line for line in out.stderr.splitlines() if line.startswith("linvit: error:")]
+    assert out.returncode != 0 and len(said) == 2, out.stderr[-3000:]
+    assert said[0] == said[1] == (
+        "linvit: error: srun started this command as 2 tasks on 1 node(s) (SLURM_STEP_NUM_TASKS=2, "
+        "SLURM_STEP_NUM_NODES=1), which would train apart into the same --out: start one task on one node "
+        "(srun -N1 -n1) running torchrun --standalone --nproc-per-node N --no-python linvit ..., as the workflow "
+        "does for a rule with gpu: N"), out.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
+
+
+def _kill_processes_in(folder: Path, wait: float = 10.0) -> None:
+    """Processes working in `folder`: the head job's Snakemake, which outlives its cancelled job (seen on
+    the test cluster: proctrack/linuxproc leaves it, writing into a deleted log), killed once `wait`
+    seconds have not ended them, so no run outlives its test."""
+    folder = folder.resolve()
+    deadline = time.monotonic() + wait
+    while True:
+        left = []
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == folder:
+                    left.append(int(entry.name))
+            except OSError:
+                continue
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def _status(root: Path) -> str:
     """`linvit status` from a second shell: the project folder's run, as its record says."""
     return run(["linvit", "status", "--directory", str(root)], cwd=REPO).stdout
@@ -441,7 +484,7 @@ def test_status_from_a_second_shell_while_snakemake_runs_in_a_head_job(slurm_clu
         subprocess.run(["scancel", blocker], check=True)
         # The teacher past its limit: Slurm ends it, Snakemake resubmits it.
         retried = re.compile(r"^  (?:running|queued) +micro/seed0 .*attempt 2 \(the last: Slurm job (\d+) TIMEOUT\)", re.M)
-        out = _status_when(tmp_path, retried.search, 240, 5)
+        out = _status_when(tmp_path, retried.search, 480, 5)  # Slurm checks time limits about every 30-60 s
         assert out, _status(tmp_path) + (tmp_path / "head.out").read_text()[-3000:]
         first = retried.search(out).group(1)
         assert "--unlock" not in out and " 0 interrupted, " in out.splitlines()[0]
@@ -456,3 +499,4 @@ def test_status_from_a_second_shell_while_snakemake_runs_in_a_head_job(slurm_clu
         assert re.search(rf"^  failed +micro/seed0 +- +{re.escape(failed)}", out, re.M), _status(tmp_path)
     finally:
         subprocess.run(["scancel", head, *([blocker] if blocker else [])], capture_output=True)
+        _kill_processes_in(tmp_path)

@@ -38,6 +38,7 @@ import yaml
 from .config import ConfigError, NO_DESIGN, REFERENCE_INIT, load_config, seed_sequence, validate
 from .grid import REFERENCE_VARIANT, REPORT, RESULTS, decide_dir
 from .io import write_text
+from .runrecord import merge_config
 
 DEFAULT_CONFIGS = ("workflow/config/default.yaml", "workflow/config/decide.yaml")
 STATE, LOOK, LOCK = "state.json", "look.yaml", "driver.lock"  # in grid.decide_dir
@@ -79,18 +80,11 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str], str]:
 
 def merged_config(files: list[str]) -> dict:
     """The config Snakemake builds from `files`: each laid over the previous one, mappings key by key."""
-    def merge(base, over):
-        for key, value in over.items():
-            if isinstance(value, dict) and isinstance(base.get(key), dict):
-                merge(base[key], value)
-            else:
-                base[key] = value
-        return base
     config: dict = {}
     for f in files:
         if not Path(f).is_file():
             raise DecideError(f"--configfile {f}: no such file")
-        merge(config, load_config(f))
+        merge_config(config, load_config(f))
     try:
         return validate(config)
     except ConfigError as err:

@@ -121,19 +121,19 @@ def status_config(configfiles: list[str] | None, overrides: list[str] | None, re
         return record["config"], f"{' + '.join(given)} (as its run recorded)"
     config: dict = {}
     for path in configfiles or [DEFAULT_CONFIG]:
-        _update(config, load_config(path))
+        merge_config(config, load_config(path))
     for entry in overrides or []:
         key, value = entry.split("=", 1)
-        _update(config, {key: _parse_value(value)})
+        merge_config(config, {key: _parse_value(value)})
     name = " + ".join([*(Path(f).name for f in configfiles or [DEFAULT_CONFIG]), *(overrides or [])])
     return config, name
 
 
-def _update(config: dict, over: dict) -> dict:
+def merge_config(config: dict, over: dict) -> dict:
     """snakemake.utils.update_config: `over` into `config`, mappings merged key by key."""
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(config.get(key), dict):
-            _update(config[key], value)
+            merge_config(config[key], value)
         else:
             config[key] = value
     return config

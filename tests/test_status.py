@@ -396,3 +396,18 @@ def test_slurm_s_accounting_is_read_where_the_cluster_keeps_it(tmp_path, monkeyp
     assert (found["700"].state, found["700"].node, found["700"].workdir) == ("TIMEOUT", "node3", "/w")
     assert found["700"].queue_wait == 300 and found["700"].ended - found["700"].started == 3600
     assert found["701"].state == "CANCELLED"  # sacct's "CANCELLED by <uid>"
+
+
+def test_config_files_merge_key_by_key_as_snakemake_merges_them():
+    # A second --configfile (or --config override) replaces only the keys it names, nested ones too, as
+    # snakemake.utils.update_config does; the decide driver merges its files the same way.
+    from snakemake.utils import update_config
+
+    from linvit.runrecord import merge_config
+
+    base = {"teacher": {"train": {"steps": 10, "lr": 1e-3}, "dataset": "a"}, "seeds": [0, 1]}
+    over = {"teacher": {"train": {"steps": 20}}, "seeds": [2]}
+    expected = json.loads(json.dumps(base))
+    update_config(expected, over)  # in place
+    ours = merge_config(json.loads(json.dumps(base)), over)
+    assert ours == expected == {"teacher": {"train": {"steps": 20, "lr": 1e-3}, "dataset": "a"}, "seeds": [2]}

@@ -42,6 +42,7 @@ import torch
 from torch import nn
 
 from .device import Runtime, cpu_runtime
+from .distributed import rank_seed
 from .events import NoEvents, RunEvents, events_dir as run_events_dir
 from .checkpoints import Checkpoints, NoLog, TrainLog, Unusable, live_log_path, one_line
 
@@ -297,7 +298,7 @@ def _resume(run: _Run, ckpts: "Checkpoints", fingerprint: dict, spec: TrainSpec,
     world = runtime.world
     say = (lambda text: print(text, file=sys.stderr)) if world.main else (lambda text: None)
     # Each rank its own stream for dropout, drop-path and mixup; rank 0's is the seed's (linvit.distributed).
-    torch.manual_seed(world.rank_seed(seed))
+    torch.manual_seed(rank_seed(seed, world.rank))
     try:
         resumed = ckpts.load(run.model, fingerprint)
     except Unusable as why:
@@ -320,7 +321,7 @@ def _resume(run: _Run, ckpts: "Checkpoints", fingerprint: dict, spec: TrainSpec,
     others = state.get("ranks_rng") or []
     rng = state if world.rank == 0 else (others[world.rank - 1] if world.rank <= len(others) else None)
     if rng is None:  # more processes than wrote the checkpoint: a fresh stream of (seed, rank, step)
-        torch.manual_seed(world.rank_seed(seed, run.step))
+        torch.manual_seed(rank_seed(seed, world.rank, run.step))
     else:
         torch.set_rng_state(rng["rng"])
         if runtime.cuda and "cuda_rng" in rng:  # dropout on CUDA draws from the device's generator

@@ -7,7 +7,8 @@ one process reads the same epoch alone first. Per rank: the shard bytes it read 
 count, `ShardSet.bytes_read`; the process's read syscalls, /proc/self/io rchar, beside it) and its
 images/s. Targets: the bytes of every rank within 1.2x of 1/N of one process's; the images/s of
 every rank not below one process's (which needs a core per rank: on a machine with fewer cores
-than ranks they share them, and the rate per rank falls by about ranks/cores). Beside the wall
+than ranks they share them: `ranks_N_rate_ceiling`, min(1, cores/N), is the most the wall rate's
+ratio can reach on the machine that ran it). Beside the wall
 rate, each rank's images per second of its own CPU time (time.process_time): the work per image,
 whatever the cores, so a ratio near 1 says the rate per rank would match one process's given a
 core each.
@@ -165,5 +166,6 @@ def bench_loader_ranks(ranks: list[int], *, shards: str | Path | None = None, im
                      row("loader_ranks", f"ranks_{n}_images_per_s_per_rank", rate, "images/s"),
                      row("loader_ranks", f"ranks_{n}_rate_over_one_process", rate / one_rate, "ratio",
                          f">= {RATE_RATIO:g}", rate / one_rate >= RATE_RATIO),
+                     row("loader_ranks", f"ranks_{n}_rate_ceiling", min(1.0, _cores() / n), "ratio"),
                      row("loader_ranks", f"ranks_{n}_cpu_rate_over_one_process", cpu_rate / one_cpu_rate, "ratio")]
     return rows

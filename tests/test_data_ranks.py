@@ -148,7 +148,8 @@ def test_loader_workers_per_rank_are_the_jobs_cpus_over_its_ranks(monkeypatch):
     assert loader_workers() == 1  # never none
 
 
-def test_bench_loader_ranks_reads_imagenet_size_jpegs_a_share_per_rank(tmp_path):
+def test_bench_loader_ranks_reads_imagenet_size_jpegs_a_share_per_rank(tmp_path, monkeypatch):
+    from linvit import bench_ranks
     from linvit.bench_ranks import bench_loader_ranks, imagenet_like_folder
 
     folder = imagenet_like_folder(tmp_path / "jpeg", classes=2, per_class_train=3, per_class_test=1)
@@ -158,10 +159,12 @@ def test_bench_loader_ranks_reads_imagenet_size_jpegs_a_share_per_rank(tmp_path)
     kb = [p.stat().st_size / 1e3 for p in folder.rglob("*.jpg")]
     assert len(sizes) == 8 and all(350 <= w <= 450 and 300 <= h <= 400 for w, h in sizes)
     assert 70 < sum(kb) / len(kb) < 150  # ImageNet's are about 110 kB
+    monkeypatch.setattr(bench_ranks, "_cores", lambda: 3)  # 1.5 cores a rank: the ceiling is 1, not 1.5
     rows = {r["metric"]: r for r in bench_loader_ranks([2], images=30, batch=8)}
     assert rows["ranks_2_bytes_over_share"]["meets"] is True and rows["ranks_2_bytes_over_share"]["value"] > 0.8
     assert rows["one_process_bytes"]["value"] > 20 * 70e3  # 24 images read of 30 (3 batches of 8)
     assert rows["ranks_2_images_per_s_per_rank"]["value"] > 0
+    assert rows["cores"]["value"] == 3 and rows["ranks_2_rate_ceiling"]["value"] == 1.0
 
 
 def test_bench_shards_writes_imagenet_size_jpegs_by_default(monkeypatch):

@@ -8,10 +8,12 @@ count, `ShardSet.bytes_read`; the process's read syscalls, /proc/self/io rchar, 
 images/s. Targets: the bytes of every rank within 1.2x of 1/N of one process's; the images/s of
 every rank not below one process's (which needs a core per rank: on a machine with fewer cores
 than ranks they share them: `ranks_N_rate_ceiling`, min(1, cores/N), is the most the wall rate's
-ratio can reach on the machine that ran it). Beside the wall
-rate, each rank's images per second of its own CPU time (time.process_time): the work per image,
-whatever the cores, so a ratio near 1 says the rate per rank would match one process's given a
-core each.
+ratio can reach on the machine that ran it). Beside the wall rate, each rank's images per second of
+its own CPU time (time.process_time): the work per image, whatever the cores, so a ratio near 1 says
+the rate per rank would match one process's given a core each. The control, `ranks_N_control_*`:
+N processes started together, each reading the whole epoch as one process would (no shares), so
+what N busy processes cost each other (caches, memory bandwidth, clock) shows apart from what
+reading a share costs.
 
 The images (`imagenet_like_folder`): ImageNet's average size, about 400x350 px (each 350-450 x
 300-400) and about 110 kB at JPEG quality 90, with texture down to the pixel: random-phase fields
@@ -91,27 +93,30 @@ def _rchar() -> int:
     return 0
 
 
-def _rank(shards: str, pipeline, batch: int, rank: int, ranks: int, start, results) -> None:
-    """One rank's epoch: its share of every global batch, timed from the common start."""
+def _rank(shards: str, pipeline, batch: int, rank: int, ranks: int, start, results, share: bool = True) -> None:
+    """One rank's epoch: its share of every global batch (the whole batch unless `share`), timed from
+    the common start."""
     import torch
 
     from .data.loader import ShardSet
 
     torch.set_num_threads(1)  # as torchrun sets every rank (OMP_NUM_THREADS=1)
     data = ShardSet(shards, pipeline=pipeline, verify=False)
+    place = dict(rank=rank, ranks=ranks) if share else dict(rank=0, ranks=1)
     start.wait()
     t, cpu, rchar, images = time.perf_counter(), time.process_time(), _rchar(), 0
-    for x, _ in data.batches("train", batch, seed=0, epoch=0, shuffle=True, drop_last=True, rank=rank, ranks=ranks):
+    for x, _ in data.batches("train", batch, seed=0, epoch=0, shuffle=True, drop_last=True, **place):
         images += len(x)
     results.put((rank, images, time.perf_counter() - t, time.process_time() - cpu, data.bytes_read, _rchar() - rchar))
 
 
-def read_as_ranks(shards: str | Path, ranks: int, *, pipeline, batch: int) -> list[dict]:
-    """Each of `ranks` processes' epoch (forked, started together): images, seconds, bytes, rchar."""
+def read_as_ranks(shards: str | Path, ranks: int, *, pipeline, batch: int, share: bool = True) -> list[dict]:
+    """Each of `ranks` processes' epoch (forked, started together): images, seconds, bytes, rchar.
+    With `share` False each reads the whole epoch as rank 0 of 1 (the control)."""
     pipeline.transform(train=True)  # timm imported here, once, before the ranks fork: not in their time
     context = multiprocessing.get_context("fork")
     start, results = context.Barrier(ranks), context.Queue()
-    procs = [context.Process(target=_rank, args=(str(shards), pipeline, batch, r, ranks, start, results))
+    procs = [context.Process(target=_rank, args=(str(shards), pipeline, batch, r, ranks, start, results, share))
              for r in range(ranks)]
     for p in procs:
         p.start()
@@ -157,6 +162,12 @@ def bench_loader_ranks(ranks: list[int], *, shards: str | Path | None = None, im
             ratio = worst_bytes / (one["bytes"] / n)
             rate = min(r["images"] / r["seconds"] for r in got)
             cpu_rate = min(r["images"] / r["cpu_seconds"] for r in got)
+            control = read_as_ranks(shards, n, pipeline=pipeline, batch=batch, share=False)
+            if any(r["images"] != one["images"] for r in control):  # the control must read what one process reads
+                raise RuntimeError(f"bench loader --ranks: the control read {[r['images'] for r in control]} "
+                                   f"images per process, one process {one['images']}")
+            control_rate = min(r["images"] / r["seconds"] for r in control)
+            control_cpu_rate = min(r["images"] / r["cpu_seconds"] for r in control)
             say(f"loader --ranks {n}: bytes per rank {[r['bytes'] for r in got]}, "
                 f"images/s per rank {[round(r['images'] / r['seconds'], 1) for r in got]}")
             rows += [row("loader_ranks", f"ranks_{n}_bytes_per_rank", float(worst_bytes), "bytes"),
@@ -167,5 +178,8 @@ def bench_loader_ranks(ranks: list[int], *, shards: str | Path | None = None, im
                      row("loader_ranks", f"ranks_{n}_rate_over_one_process", rate / one_rate, "ratio",
                          f">= {RATE_RATIO:g}", rate / one_rate >= RATE_RATIO),
                      row("loader_ranks", f"ranks_{n}_rate_ceiling", min(1.0, _cores() / n), "ratio"),
-                     row("loader_ranks", f"ranks_{n}_cpu_rate_over_one_process", cpu_rate / one_cpu_rate, "ratio")]
+                     row("loader_ranks", f"ranks_{n}_cpu_rate_over_one_process", cpu_rate / one_cpu_rate, "ratio"),
+                     row("loader_ranks", f"ranks_{n}_control_rate_over_one_process", control_rate / one_rate, "ratio"),
+                     row("loader_ranks", f"ranks_{n}_control_cpu_rate_over_one_process",
+                         control_cpu_rate / one_cpu_rate, "ratio")]
     return rows

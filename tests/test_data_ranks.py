@@ -165,6 +165,7 @@ def test_bench_loader_ranks_reads_imagenet_size_jpegs_a_share_per_rank(tmp_path,
     assert rows["one_process_bytes"]["value"] > 20 * 70e3  # 24 images read of 30 (3 batches of 8)
     assert rows["ranks_2_images_per_s_per_rank"]["value"] > 0
     assert rows["cores"]["value"] == 3 and rows["ranks_2_rate_ceiling"]["value"] == 1.0
+    assert rows["ranks_2_control_rate_over_one_process"]["value"] > 0  # 2 processes each reading the whole epoch
 
 
 def test_bench_shards_writes_imagenet_size_jpegs_by_default(monkeypatch):

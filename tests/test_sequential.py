@@ -110,6 +110,50 @@ def test_a_clear_difference_stops_early_and_its_repeated_interval_covers_it():
     assert len(result.looks) == 1  # nothing read after it stopped
 
 
+def share_sample(benefit_z: float, seeds: int = 5, seed: int = 0) -> stats.Sample:
+    """attn_only, random and copy_all over `seeds` seeds: a benefit (copy_all - random) of 0.1 whose t is
+    `benefit_z`, and attn_only - random = 0.25 x benefit - 0.02 to within 1e-4 (the share about 0.05, far
+    below a 0.25 threshold on the contrast's own scale)."""
+    rng = np.random.default_rng(seed)
+    noise = rng.standard_normal(seeds)
+    noise = (noise - noise.mean()) / noise.std(ddof=1)
+    benefit = 0.1 + noise * 0.1 * math.sqrt(seeds) / benefit_z
+    random = 0.5 + 0.01 * rng.standard_normal(seeds)
+    attn = random + 0.25 * benefit - 0.02 + 1e-4 * rng.standard_normal(seeds)
+    columns = {"attn_only": attn, "random": random, "copy_all": random + benefit}
+    return stats.Sample({r: v[:, None] for r, v in columns.items()}, list(range(seeds)), 0, stats.SEEDS_ONLY)
+
+
+SHARE = ({"attn_only": 1, "random": -1}, {"copy_all": 1, "random": -1})
+
+
+def test_a_share_decides_only_where_its_repeated_interval_is_bounded():
+    """Issue 55, item 1: a benefit clear at t(0.975, 4) = 2.78 but not at the look's hold boundary (about 5):
+    the share's contrast is far on the hold side, yet its Fieller interval at that boundary is unbounded,
+    so it must not hold there; with the benefit clear at the boundary it holds, its interval bounded."""
+    plan = seq.Plan((5, 10, 15))
+    vague = seq.sequential_test([share_sample(3.5)], *SHARE, 0.25, "<=", plan, 0.025, 0.0125)
+    look = vague.looks[0]
+    assert look.statistic > 10 * look.hold_bound  # the contrast alone would hold
+    assert stats._quantile(0.975, 4) < 3.5 < look.hold_bound
+    assert vague.outcome == seq.CONTINUES and "not established positive" in look.note
+    assert look.high == math.inf
+    clear = seq.sequential_test([share_sample(12.0)], *SHARE, 0.25, "<=", plan, 0.025, 0.0125)
+    assert clear.outcome == stats.HOLDS and math.isfinite(clear.looks[0].high) and clear.looks[0].high <= 0.25
+
+
+def test_zero_variance_decides_nothing_at_any_look():
+    """Issue 55, item 2: two roles with equal accuracies on every seed have no variance to test against:
+    no decision, no interval, at every look; at the cap the test ends undecided, never on an infinite T."""
+    plan = seq.Plan((3, 5))
+    same = np.full((2, 5), 0.8)
+    result = seq.sequential_test(looks_of(sample(same), plan), {"a": 1, "b": -1}, None, -0.01, ">=", plan,
+                                 0.025, 0.025)
+    assert [look.outcome for look in result.looks] == [seq.CONTINUES, seq.FUTILE]
+    assert all(look.note == stats.NO_TEST and math.isnan(look.statistic) and math.isnan(look.low)
+               for look in result.looks)
+
+
 def test_a_failing_share_fails_at_its_own_alpha():
     """The fail side spends fail_alpha: a result between the two sides' boundaries fails only at the looser."""
     rng = np.random.default_rng(2)

@@ -57,18 +57,24 @@ def test_a_difference_is_a_t_interval_over_the_seeds_paired_values():
     assert all(math.isnan(x) for x in stats.seed_interval([0.5]))
 
 
-def test_identical_per_seed_differences_without_image_variance_have_a_zero_width_interval():
+def test_zero_variance_is_no_test_never_a_decision():
+    """A t test on a zero variance estimate has no error rate (issue 55, item 2): identical per-seed
+    differences, or two roles with the same runs image by image, give no interval, no p-values and no
+    seeds to decide, and the test is inconclusive with the reason named, whichever side its estimate is on."""
     sample = sample_of({"a": [0.70, 0.72, 0.74], "b": [0.60, 0.62, 0.64]})  # 0.10 on every seed
     e = stats.estimate(sample, {"a": 1, "b": -1}, None, Settings())
-    assert (e.estimate, e.low, e.high, e.se) == (pytest.approx(0.1),) * 3 + (pytest.approx(0, abs=1e-9),)
-    holds = stats.test(sample, {"a": 1, "b": -1}, None, 0.09, ">=", Settings())
-    assert (holds.outcome, holds.p_holds, holds.p_fails) == (HOLDS, 0.0, 1.0) and holds.mde < 1e-8
-    assert stats.test(sample, {"a": 1, "b": -1}, None, 0.11, ">=", Settings()).outcome == FAILS
+    assert e.estimate == pytest.approx(0.1) and e.se == pytest.approx(0, abs=1e-9)
+    assert math.isnan(e.low) and math.isnan(e.high)
+    for threshold in (0.09, 0.11):
+        result = stats.test(sample, {"a": 1, "b": -1}, None, threshold, ">=", Settings())
+        assert (result.outcome, result.note) == (INCONCLUSIVE, stats.NO_TEST)
+        assert math.isnan(result.p_holds) and math.isnan(result.p_fails) and math.isnan(result.seeds_needed)
     # Two roles with the same runs, image by image: the paired difference is 0 on every seed and image.
     runs = runs_of({"a": 0.8})
     runs["b"] = [stats.Run(r.seed, r.acc, r.predictions) for r in runs["a"]]
     e = stats.estimate(stats.pair(runs), {"a": 1, "b": -1}, None, Settings())
-    assert (e.estimate, e.low, e.high, e.se) == (0.0, 0.0, 0.0, 0.0)
+    assert (e.estimate, e.se) == (0.0, 0.0) and math.isnan(e.low) and math.isnan(e.high)
+    assert stats.test(stats.pair(runs), {"a": 1, "b": -1}, None, -0.01, ">=", Settings()).note == stats.NO_TEST
 
 
 def test_the_image_term_is_the_two_way_variance_of_a_grand_mean():

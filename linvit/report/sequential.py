@@ -156,8 +156,8 @@ class Plan:
             raise ValueError(f"config key sequential.futility_from: {start!r}, expected a look between 2 and "
                              f"{len(looks)}")
         gamma = given.get("gamma", DEFAULT_PLAN["gamma"])
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)):
-            raise ValueError(f"config key sequential.gamma: {gamma!r}, expected a number")
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not math.isfinite(gamma):
+            raise ValueError(f"config key sequential.gamma: {gamma!r}, expected a finite number")
         return cls(tuple(looks), spending, float(gamma), None if futility is None else float(futility), start)
 
     @property
@@ -349,6 +349,11 @@ def _parts(sample: stats.Sample, numerator, denominator, threshold: float):
     return n, means, seed + image, mean, n * float(w @ seed @ w), max(float(w @ image @ w), 0.0)
 
 
+def _established(means, cov, q: float) -> bool:
+    """A share's denominator (the benefit) clearly positive at critical value q: b - q x SE(b) > 0."""
+    return math.isfinite(q) and float(means[1]) - q * math.sqrt(max(float(cov[1, 1]), 0.0)) > 0
+
+
 def _interval(means, cov, ratio: bool, q_low: float, q_high: float) -> tuple[float, float]:
     """The values not rejected below (at q_low) and above (at q_high): t bounds, or Fieller's for a ratio."""
     if not ratio:
@@ -405,21 +410,33 @@ def sequential_test(samples: Sequence[stats.Sample], numerator, denominator, thr
         c_hold, c_fail = t_critical(z_hold, df), t_critical(z_fail, df)
         w = np.array([1.0, -threshold] if ratio else [1.0])
         se = math.sqrt(max(float(w @ cov @ w), 0.0))
-        statistic = sign * mean / se if se > 0 else sign * math.copysign(math.inf, mean) if mean else 0.0
+        estimate = float(means[0] / means[1]) if ratio and means[1] != 0 else float(means[0])
+        power = math.nan
+        if not se > stats.ZERO_SE:
+            # A t test with a zero variance estimate has no error rate: this look tests nothing.
+            outcome = FUTILE if k == len(plan.looks) - 1 else CONTINUES
+            result.looks.append(Look(k + 1, n_k, estimate, math.nan, math.nan, math.nan, c_hold, c_fail, t, power,
+                                     outcome, stats.NO_TEST))
+            if outcome != CONTINUES:
+                result.outcome, result.stopped = outcome, k + 1
+                break
+            continue
+        statistic = sign * mean / se
         # The repeated interval: the statistic's side toward holding is bounded by the hold boundary.
         q_low, q_high = (c_fail, c_hold) if side == "<=" else (c_hold, c_fail)
-        estimate = float(means[0] / means[1]) if ratio and means[1] != 0 else float(means[0])
         low, high = _interval(means, cov, ratio, q_low, q_high)
-        if ratio:  # a share decides only once its denominator (the benefit) is established positive
-            q = stats._quantile(1 - alpha, df)
-            established = float(means[1]) - q * math.sqrt(max(float(cov[1, 1]), 0.0)) > 0
-        else:
-            established = True
-        power = math.nan
-        note = "" if established else "the denominator (benefit) is not established positive"
-        if established and statistic >= c_hold:
+        # A share decides on a side only where its interval is bounded on that side: its denominator (the
+        # benefit) established positive at that side's own critical value (Fieller's interval at q is
+        # bounded exactly when b > q x SE(b)), so a decision and its repeated interval always agree.
+        hold_ok, fail_ok = (_established(means, cov, c_hold), _established(means, cov, c_fail)) if ratio \
+            else (True, True)
+        note = "" if hold_ok and fail_ok else (
+            "the denominator (benefit) is not established positive" if not (hold_ok or fail_ok) else
+            f"the denominator (benefit) is not established positive at the "
+            f"{'hold' if not hold_ok else 'fail'} boundary (that side of its interval is unbounded)")
+        if hold_ok and statistic >= c_hold:
             outcome = stats.HOLDS
-        elif established and statistic <= -c_fail:
+        elif fail_ok and statistic <= -c_fail:
             outcome = stats.FAILS
         elif k == len(plan.looks) - 1:
             outcome = FUTILE

@@ -67,6 +67,11 @@ OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE, TOO_FEW)
 DEFAULTS = {"level": 0.95, "min_seeds": 3}
 SEEDS_AND_IMAGES, SEEDS_ONLY = "seeds and test images", "seeds only (no per-image predictions)"
 POWER = 0.8  # of the minimum detectable effect
+# A contrast whose standard error is this small has none: every paired seed (and image) gave the same value,
+# e.g. identical or collapsed runs. A t test on a zero variance estimate has no error rate, so it decides
+# nothing (accuracies are on [0, 1]: one test image of 10^5 moves a contrast by 1e-5).
+ZERO_SE = 1e-12
+NO_TEST = "no test: the contrast has zero variance (identical or collapsed runs?)"
 
 Contrast = Mapping[str, float]  # role -> weight: the statistic sum_r w_r acc_r
 
@@ -279,8 +284,8 @@ def _cdf(x: float, df: float) -> float:
 
 def _p_below(mean: float, se: float, df: float) -> float:
     """One-sided p-value against 'the contrast is >= 0' (small: clearly below 0)."""
-    if not se > 0:
-        return 0.0 if mean < 0 else 1.0
+    if not se > ZERO_SE:
+        return math.nan  # no variance, no test (NO_TEST)
     return _cdf(mean / se, df)
 
 
@@ -313,6 +318,8 @@ def _estimate(n: int, N: int, means: np.ndarray, cov: np.ndarray, ratio_of: bool
         if n < 2:
             return Estimate(mean, math.nan, math.nan, level, math.nan, math.nan, n, N)
         se = _se(cov, [1.0])
+        if not se > ZERO_SE:  # no variance: no interval (NO_TEST)
+            return Estimate(mean, math.nan, math.nan, level, se, df, n, N)
         q = _quantile(1 - settings.alpha, df)
         return Estimate(mean, mean - q * se, mean + q * se, level, se, df, n, N)
     a, b = float(means[0]), float(means[1])
@@ -328,7 +335,9 @@ def _estimate(n: int, N: int, means: np.ndarray, cov: np.ndarray, ratio_of: bool
     qb = -2 * (a * b - q * q * cov[0, 1])
     qc = a * a - q * q * cov[0, 0]
     disc = qb * qb - 4 * qa * qc
-    if b > 0 and qa > 0 and disc >= 0:
+    if not float(np.abs(cov).max()) > ZERO_SE ** 2:  # no variance: no interval (NO_TEST)
+        low, high = math.nan, math.nan
+    elif b > 0 and qa > 0 and disc >= 0:
         root = math.sqrt(disc)
         low, high = (-qb - root) / (2 * qa), (-qb + root) / (2 * qa)
     else:
@@ -393,6 +402,8 @@ def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, thre
     mde = (q + _quantile(POWER, df)) * se / scale
     if note:  # no valid test of the share: no p-values
         p_holds = p_fails = math.nan
+    if not se > ZERO_SE:
+        note = NO_TEST
     if n < settings.min_seeds:
         outcome = TOO_FEW
     elif note:
@@ -404,7 +415,7 @@ def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, thre
     else:
         outcome = INCONCLUSIVE
     needed = (math.nan,) * 3
-    if outcome in (INCONCLUSIVE, TOO_FEW):
+    if outcome in (INCONCLUSIVE, TOO_FEW) and note != NO_TEST:  # no variance: nothing to size seeds by
         needed = _seeds_needed(n, means, seed, image, denominator is not None, threshold, sign * mean, k, settings)
     return TestResult(outcome, p_holds, p_fails, est, threshold, side, mde, note, *needed)
 

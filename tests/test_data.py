@@ -15,6 +15,8 @@ from PIL import Image
 from linvit.data import MANIFEST, DataError, MissingDataError, ShardSet, load_raw, write_shards
 from linvit.data import sources
 
+from conftest import patient
+
 SYNTH = {"source": "synthetic", "num_classes": 4, "train_samples": 256, "test_samples": 96}
 
 
@@ -467,9 +469,10 @@ def test_a_loader_process_ends_when_its_parent_is_killed(synth_dir, tmp_path):
         "os.kill(os.getpid(), 9)\n")
     log = tmp_path / "pid"
     with log.open("w") as f:  # a file, not a pipe: a child left behind would hold a pipe open
-        subprocess.run([sys.executable, str(script)], stdout=f, timeout=120)
+        subprocess.run([sys.executable, str(script)], stdout=f, timeout=patient(120))
     pid = int(log.read_text().split()[0])
-    deadline = time.monotonic() + 30
+    wait = patient(30)
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
@@ -478,7 +481,7 @@ def test_a_loader_process_ends_when_its_parent_is_killed(synth_dir, tmp_path):
         if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
             return  # exited, waiting to be reaped
         time.sleep(0.1)
-    pytest.fail(f"the loader process {pid} outlived its killed parent by 30 s")
+    pytest.fail(f"the loader process {pid} outlived its killed parent by {wait:.0f} s")
 
 
 def test_unshuffled_batches_are_decoded_once_and_equal_the_stream(synth_dir, tmp_path):

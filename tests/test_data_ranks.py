@@ -16,6 +16,8 @@ import webdataset as wds
 from linvit.data import DataError, ShardSet, write_shards
 from linvit.data import index as shard_index
 
+from conftest import patient
+
 SYNTH = {"source": "synthetic", "num_classes": 4, "train_samples": 256, "test_samples": 96}
 
 
@@ -190,7 +192,7 @@ def test_ranks_meeting_an_unstamped_shard_together_hash_it_once(synth_dir, tmp_p
     ranks = [context.Process(target=_open_and_report, args=(d, start, results)) for _ in range(4)]
     for p in ranks:
         p.start()
-    read = [results.get(timeout=60) for _ in ranks]
+    read = [results.get(timeout=patient(60)) for _ in ranks]
     for p in ranks:
         p.join()
     assert sum(read) == sum(p.stat().st_size for p in d.glob("*.tar"))  # each shard scanned by one of them

@@ -16,7 +16,7 @@ import yaml
 from linvit.report.claims import CLAIMS
 from linvit.report.roles import resolve_roles
 
-from conftest import BIN, REPO, run
+from conftest import BIN, REPO, patient, run
 
 SLOW = pytest.mark.slow  # the tests of `ran`: two looks of a grid (about 3 minutes on 2 cores)
 
@@ -63,7 +63,7 @@ def ran(tmp_path_factory):
     cmd = ["linvit", "decide", "--cores", "2", "--directory", str(tmp), "--configfile", str(tmp / "tiny.yaml")]
     log = open(tmp / "driver.log", "w")  # a file, not a pipe: an unread pipe would stall the driver
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 600
+    deadline = time.time() + patient(600)
     killed = False
     while proc.poll() is None and time.time() < deadline:
         path = tmp / "results/decide/state.json"
@@ -72,11 +72,11 @@ def ran(tmp_path_factory):
             killed = True
             break
         time.sleep(0.5)
-    proc.wait(timeout=120)
+    proc.wait(timeout=patient(120))
     log.close()
     # The Snakemake the driver ran holds the driver's lock too, until it has stopped its jobs and exited.
     with open(tmp / "results/decide/driver.lock", "a+") as lock:
-        for _ in range(240):
+        for _ in range(round(patient(240))):  # half-seconds
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from conftest import BIN, REPO, run
+from conftest import BIN, REPO, patient, run
 
 STEPS, BATCH, TRAIN = 24, 16, 192   # 12 steps per epoch: the run crosses an epoch
 # The loss of each logged step of 2 x B/2 against 1 x B. The two differ only in the order floats are
@@ -133,7 +133,7 @@ def _kill_after(cmd, cwd, out, step):
     once a checkpoint at or after `step` exists."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest, deadline = out / "checkpoint" / "LATEST", time.time() + 120
+    latest, deadline = out / "checkpoint" / "LATEST", time.time() + patient(120)
     while time.time() < deadline and proc.poll() is None:
         if latest.exists() and latest.read_text().strip() >= f"step{step:08d}":
             for pid in [proc.pid, *_descendants(proc.pid)]:

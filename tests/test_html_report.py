@@ -24,6 +24,7 @@ import yaml
 from linvit.grid import REPORT_FIGURES
 from linvit.report import ResultsError, write_report
 from linvit.report import provenance
+from conftest import patient
 from test_report import CONFIG, build_results
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -126,7 +127,7 @@ def _browser():
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={WIDTHS['desktop']},900"):
         options.add_argument(flag)
     driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
-    driver.set_page_load_timeout(60)
+    driver.set_page_load_timeout(patient(60))
     return driver, profile
 
 

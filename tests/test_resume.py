@@ -9,7 +9,7 @@ import time
 import yaml
 from safetensors.torch import load_file
 
-from conftest import BIN, run
+from conftest import BIN, patient, run
 
 CONFIG = {
     "seeds": [0], "sizes": ["micro"], "variants": ["elu"], "targets": ["synthetic"], "inits": ["random"],
@@ -43,7 +43,7 @@ def test_killed_job_resumes_to_the_same_metrics(tmp_path, monkeypatch):
     proc = subprocess.Popen(teacher_cmd(tmp_path, killed), cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = killed / "checkpoint" / "LATEST"
-    deadline = time.time() + 120
+    deadline = time.time() + patient(120)
     while time.time() < deadline and proc.poll() is None:
         if latest.exists() and latest.read_text().strip() >= "step00000020":
             proc.send_signal(signal.SIGKILL)

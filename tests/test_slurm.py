@@ -28,7 +28,7 @@ import yaml
 from linvit import grid
 from linvit.config import validate
 
-from conftest import BIN, REPO, run
+from conftest import BIN, REPO, patient, run
 from test_workflow import expected_jobs, job_counts
 
 SNAKEFILE = str(REPO / "Snakefile")
@@ -219,7 +219,7 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
                         f"--seed-file={munge_dir}/munged.seed"], check=True)
         subprocess.run(["/usr/sbin/slurmctld"], check=True)
         subprocess.run(["/usr/sbin/slurmd"], check=True)
-        for _ in range(60):
+        for _ in range(round(patient(60))):  # half-seconds
             state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True).stdout.strip()
             if state == "idle":
                 break
@@ -283,10 +283,10 @@ def test_decide_runs_the_smoke_grid_through_sbatch(slurm_cluster, tmp_path):
                                  "--set-resources", "student:gpu=1"],
                                 cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc.wait(timeout=900)
+            proc.wait(timeout=patient(900))
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGTERM)  # the driver and its Snakemake, which cancels its jobs
-            proc.wait(timeout=120)
+            proc.wait(timeout=patient(120))
     out = (tmp_path / "decide.out").read_text()
     logs = sorted((tmp_path / "results/logs").rglob("*.log")) if (tmp_path / "results/logs").exists() else []
     assert proc.returncode == 0, out[-4000:] + "".join(p.read_text()[-800:] for p in logs[:3])
@@ -352,7 +352,7 @@ def test_a_job_slurm_kills_is_resubmitted_and_resumes(slurm_cluster, tmp_path):
                                  "results/teacher/micro/seed0/model.json"],
                                 cwd=tmp_path, env=profile_env(**NO_ACCOUNTING), stdout=sink, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + patient(120)
             # LATEST points at a complete checkpoint (linvit.checkpoints.Checkpoints writes it last).
             while not (teacher / "checkpoint/LATEST").exists() and time.monotonic() < deadline:
                 assert proc.poll() is None, (tmp_path / "snakemake.out").read_text()[-3000:]
@@ -362,7 +362,7 @@ def test_a_job_slurm_kills_is_resubmitted_and_resumes(slurm_cluster, tmp_path):
             killed = [line.split()[0] for line in running if "rule_teacher" in line]
             assert len(killed) == 1, (running, (tmp_path / "snakemake.out").read_text()[-3000:])
             subprocess.run(["scancel", killed[0]], check=True)
-            proc.wait(timeout=240)
+            proc.wait(timeout=patient(240))
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -390,7 +390,7 @@ def test_ranks_srun_starts_are_refused_before_any_work(slurm_cluster, tmp_path):
     out = subprocess.run(["srun", "-n", "2", "--chdir", str(tmp_path), str(BIN / "linvit"), "teacher", "--config",
                           str(REPO / "workflow/config/smoke.yaml"), "--size", "micro", "--seed", "0", "--shards",
                           str(tmp_path / "shards"), "--out", str(tmp_path / "out"), "--threads", "1"],
-                         capture_output=True, text=True, timeout=300, env=profile_env())
+                         capture_output=True, text=True, timeout=patient(300), env=profile_env())
     said = [line for line in out.stderr.splitlines() if line.startswith("linvit: error:")]
     assert out.returncode != 0 and len(said) == 2, out.stderr[-3000:]
     assert said[0] == said[1] == (
@@ -466,13 +466,14 @@ def test_status_from_a_second_shell_while_snakemake_runs_in_a_head_job(slurm_clu
     try:
         state = lambda job: subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,  # noqa: E731
                                            text=True).stdout.strip()
-        for _ in range(60):
+        for _ in range(round(patient(60))):  # seconds
             if state(head) == "RUNNING":
                 break
             time.sleep(1)
         assert state(head) == "RUNNING", state(head)
-        blocker = run([*sbatch, "-c", str(os.cpu_count() - 1), "--wrap", "sleep 600"], cwd=tmp_path).stdout.strip()
-        out = _status_when(tmp_path, lambda text: ", 1 queued, " in text.splitlines()[0], 90)
+        blocker = run([*sbatch, "-c", str(os.cpu_count() - 1), "--wrap", f"sleep {round(patient(600))}"],
+                      cwd=tmp_path).stdout.strip()
+        out = _status_when(tmp_path, lambda text: ", 1 queued, " in text.splitlines()[0], patient(90))
         assert out, (tmp_path / "head.out").read_text()[-3000:]
         lines = out.splitlines()
         assert ", 0 running, 1 queued, " in lines[0] and "(as its run recorded)" in lines[0]
@@ -484,7 +485,7 @@ def test_status_from_a_second_shell_while_snakemake_runs_in_a_head_job(slurm_clu
         subprocess.run(["scancel", blocker], check=True)
         # The teacher past its limit: Slurm ends it, Snakemake resubmits it.
         retried = re.compile(r"^  (?:running|queued) +micro/seed0 .*attempt 2 \(the last: Slurm job (\d+) TIMEOUT\)", re.M)
-        out = _status_when(tmp_path, retried.search, 480, 5)  # Slurm checks time limits about every 30-60 s
+        out = _status_when(tmp_path, retried.search, patient(480), 5)  # Slurm checks time limits about every 30-60 s
         assert out, _status(tmp_path) + (tmp_path / "head.out").read_text()[-3000:]
         first = retried.search(out).group(1)
         assert "--unlock" not in out and " 0 interrupted, " in out.splitlines()[0]
@@ -495,7 +496,7 @@ def test_status_from_a_second_shell_while_snakemake_runs_in_a_head_job(slurm_clu
         subprocess.run(["scancel", second], check=True)
         failed = (f"Slurm job {second} CANCELLED; attempt 2; Slurm log "
                   f"{tmp_path}/.snakemake/slurm_logs/rule_teacher/micro_0/{second}.log")
-        out = _status_when(tmp_path, lambda text: failed in text, 120)
+        out = _status_when(tmp_path, lambda text: failed in text, patient(120))
         assert re.search(rf"^  failed +micro/seed0 +- +{re.escape(failed)}", out, re.M), _status(tmp_path)
     finally:
         subprocess.run(["scancel", head, *([blocker] if blocker else [])], capture_output=True)

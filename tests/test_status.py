@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, run
+from conftest import REPO, patient, run
 from linvit import grid
 from linvit.status import collect, duration, incomplete_markers, render
 
@@ -67,8 +67,8 @@ def tree(tmp_path, monkeypatch):
     for out in running.outputs:
         mark(tmp_path, out)
     write(tmp_path / running.log, "distill ...: step 2/4 loss 0.1\n")
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "linvit", "distill", ">",
-                                running.log], cwd=tmp_path)
+    process = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({patient(120)})", "linvit", "distill",
+                                ">", running.log], cwd=tmp_path)
     # One Slurm runs (squeue, here a script, says so), and one a killed run left behind.
     slurm, killed = distills[3], distills[4]
     for out in slurm.outputs:

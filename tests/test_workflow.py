@@ -22,7 +22,7 @@ from linvit.bench import bench_grid
 from linvit.config import kd_reference
 from linvit.attention import available_variants
 
-from conftest import BIN, REPO, run
+from conftest import BIN, REPO, patient, run
 
 SNAKEFILE = str(REPO / "Snakefile")
 DEFAULT = yaml.safe_load((REPO / "workflow/config/default.yaml").read_text())
@@ -388,7 +388,7 @@ def killed_while_the_teacher_trains(tmp, config_path: str) -> dict:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.Popen(["snakemake", "-s", SNAKEFILE, "--directory", str(tmp), "--cores", "2", "--configfile",
                              config_path], cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    teacher, deadline, seen = f"teacher {grid.teacher_key('micro', 0)}", time.time() + 300, None
+    teacher, deadline, seen = f"teacher {grid.teacher_key('micro', 0)}", time.time() + patient(300), None
     try:
         while proc.poll() is None and time.time() < deadline:
             status = collect(config, tmp, record=read_record(tmp))

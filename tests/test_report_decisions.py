@@ -7,7 +7,8 @@ its roles. Accuracies are each role's base plus a fixed draw per seed (Z) times 
 
   attn_alone   holds at look 2 in both cells (early: before the cap)
   attn_on_top  linA reaches the cap (look 3) undecided; linB stops for futility at look 2
-  mlp_alone    linA holds at look 1; linB continues, but C2 failed there, so no look adds seeds for it
+  mlp_alone    linA holds at look 1; linB undecided, but C2 failed there, so no look adds seeds for it: once the
+               sequence is over it reads "undecided when the sequence ended", never "continues"
   mlp_on_top   fails at look 1 (both cells); matches holds at look 1
 """
 
@@ -26,7 +27,7 @@ from linvit.grid import Cell, all_cells, jobs
 from linvit.report import collect, evaluate_claims, write_report
 from linvit.report.aggregate import benchmark_jobs
 from linvit.report.claims_text import number
-from linvit.report.decisions import CAP, CLAIM_DONE, FAIL, FUTILITY, HOLD, evaluate
+from linvit.report.decisions import CAP, ENDED, FAIL, FUTILITY, HOLD, evaluate
 
 INITS = ["random", "copy_all", "copy_attn", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill"]
 LOOKS = [3, 6, 9]
@@ -74,7 +75,8 @@ def build(root: Path, config: dict, state: bool = True) -> tuple[Path, Path]:
         looks = [{"look": k + 1, "seeds": n, "finished": f"2026-12-0{k + 1} 10:00:00", "added": added_seeds(k + 1),
                   "tests": {}} for k, n in enumerate(LOOKS)]
         (results / "decide").mkdir(parents=True)
-        (results / "decide" / "state.json").write_text(json.dumps({"looks": looks, "next": None}))
+        (results / "decide" / "state.json").write_text(json.dumps({"plan": {"looks": LOOKS}, "looks": looks,
+                                                                   "next": None}))
     return results, root / "report"
 
 
@@ -111,7 +113,7 @@ def test_each_test_stops_where_and_why(sequential_report):
     assert got[("linA", "attn_alone")] == (HOLD, 2, tuple(range(6)))
     assert got[("linA", "attn_on_top")] == (CAP, 3, tuple(range(9)))
     assert got[("linB", "attn_on_top")] == (FUTILITY, 2, tuple(range(6)))
-    assert got[("linB", "mlp_alone")] == (CLAIM_DONE, 0, (0, 1, 2))
+    assert got[("linB", "mlp_alone")] == (ENDED, 0, (0, 1, 2))
     assert got[("linA", "mlp_on_top")] == got[("linB", "mlp_on_top")] == (FAIL, 1, (0, 1, 2))
     assert got[("linA", "matches")] == (HOLD, 1, (0, 1, 2))
 
@@ -127,7 +129,8 @@ def test_the_section_says_each_stop_and_its_repeated_intervals(sequential_report
     assert ("look 1 (3 seeds, the grid as configured, finished 2026-12-01 10:00:00); look 2 (6 seeds, 24 runs added "
             "in all, finished 2026-12-02 10:00:00); look 3 (9 seeds, 33 runs added in all") in section
     assert "point estimate biased away from the threshold" in section and "covers the truth at every look" in section
-    assert "Deciding tests: 10 (5 holds, 2 undecided within the cap, 2 fails, 1 continues)." in section
+    assert ("Deciding tests: 10 (5 holds, 2 undecided within the cap, 2 fails, 1 undecided when the sequence "
+            "ended).") in section
     verdicts = json.loads((report / "claims.json").read_text())
     tests = {(c["variant"], t["name"]): t for v in verdicts for c in v["cells"] for t in c["tests"] if t["decides"]}
     # Every look of every test: its seeds, estimate, repeated interval, T against both bounds, fraction, outcome.
@@ -152,8 +155,8 @@ def test_the_section_says_each_stop_and_its_repeated_intervals(sequential_report
     failed = tests[("linA", "mlp_on_top")]["looks"][-1]
     assert (f"**fails**: crossed the fail boundary at look 1 (3 seeds: T = {failed['statistic']:.2f} ≤ "
             f"{-failed['fail_bound']:.2f})") in block(section, "linA", "mlp_on_top")
-    assert ("**not stopped**: undecided at look 1 (3 seeds), and no later look adds seeds for it (its claim in this "
-            "cell: fails). Seeds used: 0-2") in block(section, "linB", "mlp_alone")
+    assert ("**undecided when the sequence ended**: undecided at look 1 (3 seeds), and no later look added seeds "
+            "for it (its claim in this cell: fails). Seeds used: 0-2") in block(section, "linB", "mlp_alone")
 
 
 def test_jobs_and_cpu_hours_against_a_fixed_design_at_the_cap(sequential_report):

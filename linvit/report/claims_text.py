@@ -6,12 +6,16 @@ from __future__ import annotations
 import math
 
 from linvit.config import CHECKPOINTS, NO_DESIGN, ONE_TEACHER, PER_SEED, replicated, teacher_design
-from linvit.report import stats
-from linvit.report.claims import (CLAIMS, CONTROL_NARROWED, CONTROL_VARIANT, NOT_EVALUABLE, ClaimVerdict,
-                                  Thresholds, TestOutcome, intervals_over, linear_variants)
+from linvit.config import budgets
+from linvit.report import sequential, stats
+from linvit.report.claims import (CLAIMS, CONTROL_NARROWED, CONTROL_VARIANT, NOT_EVALUABLE, CellVerdict,
+                                  ClaimVerdict, Thresholds, TestOutcome, intervals_over, linear_variants)
 from linvit.report.roles import resolve_roles
 
 _STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
+# What the report calls a test or claim cell that the engine leaves "continues" (sequential.CONTINUES) once the
+# sequence is over (linvit.report.decisions.displayed): no look will add seeds for it, so it cannot continue.
+UNDECIDED_AT_END = "undecided when the sequence ended"
 _THRESHOLD_KEYS = {"negligible": "`claims.negligible`", "most": "`claims.most`", "-margin": "`claims.margin`",
                    "zero": "0"}
 
@@ -39,9 +43,89 @@ def _threshold_text(name: str, t: Thresholds) -> str:
     return shown + (f" ({_THRESHOLD_KEYS[name]})" if name != "zero" else "")
 
 
+def _pct(x: float) -> str:
+    return f"{100 * x:.4g}%"
+
+
+def _fail_alphas(alpha: float) -> dict[str, tuple[float, float]]:
+    """Per claim of CLAIMS: its fail side's alpha (alpha / k, k its deciding tests) and its repeated intervals'
+    level, 1 - alpha - alpha / k."""
+    return {c.name: (alpha / len(c.deciding), 1 - alpha - alpha / len(c.deciding)) for c in CLAIMS}
+
+
+def _by_value(values: dict[str, float], what: str) -> str:
+    """'96.25% for C1 and C2's tests, 95% for C3's' from {claim: value}."""
+    groups: dict[str, list[str]] = {}
+    for claim, x in values.items():
+        groups.setdefault(_pct(x), []).append(claim)
+    parts = []
+    for i, (value, claims) in enumerate(groups.items()):
+        names = " and ".join([", ".join(claims[:-1]), claims[-1]] if len(claims) > 2 else claims)
+        parts.append(f"{value} for {names}'s{f' {what}' if i == 0 else ''}")
+    return ", ".join(parts)
+
+
+def _family(config: dict) -> str:
+    """C4's family: 'm = 3 (claims) x 2 (cells) x 1 (budget) = 6', or per cell for a config of `claims:` alone."""
+    try:
+        cells = len(config["targets"]) * len(config["sizes"]) * len(linear_variants(config))
+        n_budgets = len(budgets(config))
+    except (KeyError, TypeError, ValueError):
+        return f"m = {len(CLAIMS)} per (dataset, size, linear variant, budget) cell"
+    return (f"m = {len(CLAIMS)} claims x {cells} linear cell{'s' if cells != 1 else ''} x {n_budgets} "
+            f"budget{'s' if n_budgets != 1 else ''} = {len(CLAIMS) * cells * n_budgets}")
+
+
+def _sequential_rules(config: dict, plan: sequential.Plan) -> list[str]:
+    """The rules under a sequential plan (linvit.report.sequential): repeated intervals at their levels,
+    one-sided boundaries spent over the looks, Bonferroni for C4."""
+    s = stats.Settings.from_config(config)
+    a = _pct(s.alpha)
+    split = _fail_alphas(s.alpha)
+    futility = (f", or from look {plan.futility_from} on when its conditional power at the cap is below "
+                f"{plan.futility:g} (futility, non-binding: the boundaries ignore it)" if plan.futility is not None
+                else "")
+    gamma = f" (gamma {plan.gamma:g})" if plan.spending == "hwang_shih_decani" else ""
+    rules = (
+        f"Seeds are the unit of replication. Each test pairs its roles' runs by seed (the seeds every role "
+        f"finished) and by test image. Its statistic is a difference of accuracies, or a share of a benefit (a ratio "
+        f"of two differences). The grid runs a sequential plan (`sequential:`; see Decisions): each deciding test "
+        f"is read at looks of {', '.join(map(str, plan.looks))} paired seeds (look k: the first n_k seeds in the "
+        f"design's order; the cap: {plan.cap}). At a look its statistic T is a t statistic over the per-seed paired "
+        f"values with n - 1 degrees of freedom, the variance of the test images' sampling added (a share's through "
+        f"num - threshold x den), on the hold side's scale, against two one-sided boundaries that spend the test's "
+        f"error across its looks by `{plan.spending}`{gamma} over the information fraction: {a} to hold wrongly "
+        f"(half of 1 - `claims.level`) and {a} / k to fail wrongly (k: its claim's deciding tests: "
+        f"{_by_value({c: x for c, (x, _) in split.items()}, 'tests')}). A test **holds** at the first look where T "
+        f"reaches the hold boundary, **fails** where it reaches the fail boundary (a share only once its benefit is "
+        f"established positive), **continues** to the next look otherwise, and is **undecided within the cap** when "
+        f"it reaches the cap without crossing{futility}. Its interval is its last look's repeated interval: the "
+        f"values neither boundary of that look rejects (a share's by Fieller, unbounded when its denominator is not "
+        f"clearly positive), which covers the truth at every look at once with probability at least 1 - {a} - {a} "
+        f"/ k: {_by_value({c: x for c, (_, x) in split.items()}, 'tests')}. A test that stopped before the cap has a "
+        f"point estimate biased away from the threshold; its repeated interval stays valid. A test whose look-1 "
+        f"seeds have not all finished is **too few seeds**. A claim holds in a cell when all its deciding tests "
+        f"hold, and fails when one fails (each at {a} / k: Bonferroni across them). A deciding test has no fixed-n "
+        f"minimum detectable effect or seeds to decide: its seeds are the plan's looks, and the Decisions section "
+        f"gives its conditional power at the cap. The reported tests are not read at looks: each has a fixed-n t "
+        f"interval at {_pct(s.level)} (`claims.level`) on the seeds its roles have, a number the stopping rule "
+        f"chose, so its nominal level does not hold under that rule. Every interval is {claims_intervals(config)}.")
+    c4 = (f"- **C4**: C1-C3 per linear cell and budget; holds in a cell when all three hold there (each at its own "
+          f"level: holding everywhere needs every cell to hold, so no correction is needed), and fails there only "
+          f"when one of a claim's tests crosses a fail side spent at {a} / (k m) on its own looks: Bonferroni across "
+          f"every (claim, cell, budget) of the grid, one family ({_family(config)}), so a failure read anywhere is "
+          f"spurious at most {a} of the time (Holm's step-down needs p-values that a non-binding stop does not "
+          f"give). Otherwise a cell **continues** while one of its claims does, and is **undecided within the cap** "
+          f"when none does (a claim that fails at its own level but not at the family's included). An axis "
+          f"(datasets, sizes, variants) that the grid does not vary is *not tested*.")
+    return [rules, c4]
+
+
 def rules_markdown(config: dict) -> str:
-    """How the verdicts are reached, in words, generated from CLAIMS and the config's `claims`."""
+    """How the verdicts are reached, in words, generated from CLAIMS and the config's `claims` (and its
+    `sequential:` plan, whose rules differ: _sequential_rules)."""
     s, t = stats.Settings.from_config(config), Thresholds.from_config(config)
+    plan = sequential.Plan.from_config(config) if config.get("sequential") is not None else None
     level = f"{100 * s.level:g}%"
     lines = [
         f"Seeds are the unit of replication. Each test pairs its roles' runs by seed (the seeds every role "
@@ -75,6 +159,16 @@ def rules_markdown(config: dict) -> str:
                 lines.append(f"  - {role}: {what} {test.side} {_threshold_text(test.threshold, t)}")
         if claim.note:
             lines.append(f"  - {claim.note}")
+    if plan is not None:
+        rules, c4 = _sequential_rules(config, plan)
+        lines[0] = rules
+        lines.append(c4)
+        lines.append("- A claim is *supported* when it holds in every cell where it is judged, *not supported* when "
+                     "it fails in every one, and otherwise *mixed* with the counts; a cell still undecided reads "
+                     f"*{sequential.CONTINUES}* while a later look may add seeds for it, and *{UNDECIDED_AT_END}* "
+                     "once no look will. Cells of the softmax control variant decide nothing: they "
+                     "are shown beside the linear variants (positive control).")
+        return "\n".join(lines)
     lines.append("- **C4**: C1-C3 per linear cell and budget; holds in a cell when all three hold there (each at "
                  f"{100 * s.alpha:g}%: holding everywhere needs every cell to hold, so no correction is needed), "
                  "and fails there only when a claim's failure survives Holm's correction across every (claim, "
@@ -123,13 +217,22 @@ def coverage_section(config: dict | None = None) -> str:
     return text
 
 
-def claims_markdown(verdicts: list[ClaimVerdict]) -> str:
-    """One section per claim: statement, verdict, and per cell every test with its interval and MDE."""
+def claims_markdown(verdicts: list[ClaimVerdict], plan: sequential.Plan | None = None) -> str:
+    """One section per claim: statement, verdict, and per cell every test with its interval and MDE. Under a
+    sequential `plan`, the verdict says per cell which test decided it and how close it was (decided_by), and a
+    note under each table says that the reported tests' intervals are fixed-n."""
     parts = []
     notes = {c.name: c.note for c in CLAIMS}
     for v in verdicts:
         over = f" Intervals {v.intervals}." if v.intervals else ""
-        parts.append(f"### {v.claim}: {v.statement}\n\n**Verdict: {v.verdict}.**{over} {counts_text(v.counts)}")
+        how = [(c, decided_by(c, plan)) for c in v.cells] if plan is not None and v.claim != "C4" else []
+        if len(how) == 1 and how[0][1]:
+            head = f"**Verdict: {v.verdict}** {how[0][1]}."
+        else:
+            head = f"**Verdict: {v.verdict}.**"
+        parts.append(f"### {v.claim}: {v.statement}\n\n{head}{over} {counts_text(v.counts)}")
+        if len(how) > 1:
+            parts.append("\n".join(f"- `{c.key}`: {c.outcome} {text}" for c, text in how if text))
         if v.claim == "C4":
             parts.append("\n".join(f"- across {axis}: {text}" for axis, text in v.axes.items()))
             parts += [f"- `{c.key}`: {c.outcome}" + (f" ({c.why})" if c.why else "") + " — "
@@ -143,7 +246,68 @@ def claims_markdown(verdicts: list[ClaimVerdict]) -> str:
             rows.append(f"| `{c.key}` | **claim** | | | | **{c.outcome}**{_why(c.why)} | | | |")
             rows += [_test_row(c.key, t) for t in c.tests]
         parts.append("\n".join(rows))
-    return "\n\n".join(parts)
+        if plan is not None:
+            parts.append(reported_note(v.cells))
+    return "\n\n".join(p for p in parts if p)
+
+
+def reported_note(cells: list[CellVerdict]) -> str:
+    """Under a sequential plan: the reported (non-deciding) tests' intervals are fixed-n, on seed counts that the
+    stopping rule chose, so their nominal level does not hold ('' when the cells have none)."""
+    reported = [t for c in cells for t in c.tests if not t.decides and t.outcome != NOT_EVALUABLE]
+    if not reported:
+        return ""
+    seeds = sorted({t.seeds for t in reported})
+    levels = sorted({t.level for t in reported if not math.isnan(t.level)})
+    level = f"{100 * levels[0]:g}% " if len(levels) == 1 else ""
+    on = (f"{seeds[0]} seeds" if len(seeds) == 1 else f"{seeds[0]} to {seeds[-1]} seeds")
+    return (f"The rows marked (reported) are not read at looks: each interval is a fixed-n {level}t interval "
+            f"(`claims.level`) on the seeds its roles have ({on}), a number the stopping rule chose, so its nominal "
+            "level does not hold under that rule and its outcome describes, it does not test. The deciding rows' "
+            "intervals are repeated intervals (their level is in Decisions).")
+
+
+def decided_by(cell: CellVerdict, plan: sequential.Plan) -> str:
+    """Which deciding test decided a claim's cell under a sequential plan, and how close it was: 'at look 2 (10
+    seeds): attention copied alone (strict) crossed its fail boundary (T = -3.66 against -3.65, information
+    fraction 0.374 where 0.333 was planned); attention added on top of everything else (symmetric) undecided at
+    [+13.8%, +62.8%]', from each test's looks (statistic, bounds, fraction). '' where no test has a look."""
+    deciding = [t for t in cell.tests if t.decides]
+    read = [t for t in deciding if t.looks]
+    if not read:
+        return ""
+    crossed = [t for t in read if t.outcome in (stats.HOLDS, stats.FAILS)]
+    lead = None
+    if cell.outcome == stats.FAILS:  # the first failure decides the cell
+        crossed.sort(key=lambda t: t.outcome != stats.FAILS)
+        lead = min((t.looks[-1] for t in crossed if t.outcome == stats.FAILS), key=lambda x: x["look"], default=None)
+    elif cell.outcome == stats.HOLDS:  # the last of the holds decides it
+        lead = max((t.looks[-1] for t in crossed), key=lambda x: x["look"], default=None)
+    last = lead or max((t.looks[-1] for t in read), key=lambda x: x["look"])
+    head = f"{'at' if lead else 'after'} look {last['look']} ({last['seeds']} seeds)"
+    phrases = [_crossed(t, plan, last["look"]) for t in crossed]
+    phrases += [_undecided(t) for t in deciding if t not in crossed]
+    return f"{head}: " + "; ".join(phrases)
+
+
+def _crossed(t: TestOutcome, plan: sequential.Plan, lead: int) -> str:
+    x = t.looks[-1]
+    holds = t.outcome == stats.HOLDS
+    bound = x["hold_bound"] if holds else -x["fail_bound"]
+    at = "" if x["look"] == lead else f" at look {x['look']}"
+    seeds = "" if x["look"] == lead else f"{x['seeds']} seeds: "
+    planned = plan.looks[x["look"] - 1] / plan.cap if x["look"] <= len(plan.looks) else math.nan
+    return (f"{_STATISTICS[t.name].label} crossed its {'hold' if holds else 'fail'} boundary{at} ({seeds}T = "
+            f"{x['statistic']:.2f} against {bound:.2f}, information fraction {x['fraction']:.3f} where "
+            f"{planned:.3f} was planned)")
+
+
+def _undecided(t: TestOutcome) -> str:
+    label = _STATISTICS[t.name].label
+    if not t.looks:
+        return f"{label} {t.outcome}" + (f" ({t.note})" if t.note else "")
+    word = sequential.FUTILE if t.outcome == sequential.FUTILE else "undecided"
+    return f"{label} {word} at [{number(t.name, t.low)}, {number(t.name, t.high)}]"
 
 
 def _why(why: str) -> str:
@@ -233,10 +397,14 @@ def control_markdown(verdicts: list[ClaimVerdict], config: dict) -> str:
                     values.append("n/a" if test is None or test.outcome == NOT_EVALUABLE else interval(test))
                 rows.append(f"| {dataset} | {size} | {budget} | {v.claim} {_STATISTICS[name].label} | "
                             + " | ".join(values) + " |")
+    plan = ("" if config.get("sequential") is None else
+            " Under the sequential plan a deciding statistic's interval is its last look's repeated interval, and a "
+            "reported one's a fixed-n t interval on the seeds the stopping rule chose, whose nominal level does not "
+            "hold under that rule.")
     return ("The same statistics on softmax students (softmax-to-softmax: the Attention Transfer setting, where "
             "attention weights are reported to transfer) beside each linear variant, with their intervals. If the "
             "attention's share is large in the control and small across the boundary, the boundary is what stops "
-            "it; if it is small in both, nothing transfers at this scale.\n\n" + "\n".join(rows))
+            f"it; if it is small in both, nothing transfers at this scale.{plan}\n\n" + "\n".join(rows))
 
 
 def budget_markdown(verdicts: list[ClaimVerdict]) -> str:
@@ -301,6 +469,11 @@ def mde_markdown(verdicts: list[ClaimVerdict], config: dict | None = None) -> st
                 rows.append(f"| {v.claim} | {_STATISTICS[t.name].label} | `{c.key}` | {size} | "
                             f"{t.side} {number(t.name, t.threshold)} | {mde} | {seeds_text(t)} |")
     teachers = _teachers_too(config or {})
+    if (config or {}).get("sequential") is not None:
+        return ("Under the sequential plan a deciding test has no fixed-n minimum detectable effect or seeds to "
+                "decide (n/a below): the seeds it gets are the plan's looks, up to the cap, and the Decisions "
+                "section gives its conditional power at the cap at each look. The table gives the seeds x images of "
+                "each deciding test's last look.\n\n" + "\n".join(rows))
     return ("The smallest effect each deciding test could have detected (80% power at the level of the verdicts), "
             "as a distance from its threshold: a true value closer to the threshold than this is likely to "
             "read as inconclusive. For an undecided test, *seeds to decide* is the number of paired seeds"

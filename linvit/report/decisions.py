@@ -8,7 +8,9 @@ power, outcome), where and why it stopped and the seeds it used, the looks the d
 
 from __future__ import annotations
 
+import copy
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,12 +22,14 @@ from linvit.grid import jobs as grid_jobs
 from linvit.report import sequential, stats
 from linvit.report.aggregate import COST_RULES, benchmark_jobs
 from linvit.report.claims import CLAIMS, NOT_EVALUABLE, ClaimVerdict, Design, TestOutcome
-from linvit.report.claims_text import number
+from linvit.report.claims_text import UNDECIDED_AT_END, number
+from linvit.report.stats import INCONCLUSIVE
 
 GPU_COLUMN = "gpu_time"  # seconds, by analogy with cpu_time; Snakemake's benchmark files have none today
-# Why a test is where it is (the renderer's words are keyed by these).
-HOLD, FAIL, FUTILITY, CAP, CONTINUES, CLAIM_DONE, WAITS, UNEVALUABLE = (
-    "hold boundary", "fail boundary", "futility", "cap", "continues", "claim decided", "waits", "not evaluable")
+# Why a test is where it is (the renderer's words are keyed by these). ENDED: undecided, and the sequence is over.
+HOLD, FAIL, FUTILITY, CAP, CONTINUES, CLAIM_DONE, WAITS, UNEVALUABLE, ENDED = (
+    "hold boundary", "fail boundary", "futility", "cap", "continues", "claim decided", "waits", "not evaluable",
+    "ended")
 _STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
 
 
@@ -101,6 +105,8 @@ class Decisions:
     looks_run: list[dict] | None = None  # state.json's looks; None: no state file
     next_look: dict | None = None
     problems: list[str] = field(default_factory=list)
+    ended: bool = False  # the sequence is over: no look adds seeds after this report's (see `_ended`)
+    last_look: int = 0  # the last look run (recorded by the driver, or read by a test)
 
 
 def deciding_tests(verdicts: list[ClaimVerdict]) -> list[tuple[str, str, str, TestOutcome]]:
@@ -108,22 +114,106 @@ def deciding_tests(verdicts: list[ClaimVerdict]) -> list[tuple[str, str, str, Te
     return [(v.claim, c.key, c.outcome, t) for v in verdicts for c in v.cells for t in c.tests if t.decides]
 
 
-def evaluate(config: dict, verdicts: list[ClaimVerdict], jobs: pd.DataFrame, results: str | Path) -> Decisions | None:
-    """The section's numbers; None for a fixed design. `jobs`: aggregate.benchmark_jobs(config, results)."""
+def evaluate(config: dict, verdicts: list[ClaimVerdict], jobs: pd.DataFrame | None,
+             results: str | Path) -> Decisions | None:
+    """The section's numbers; None for a fixed design. `jobs`: aggregate.benchmark_jobs(config, results) (None:
+    no spending, for the words alone)."""
     design = Design.from_config(config)
     if design is None:
         return None
     plan = design.plan
     tests = [_decision(claim, key, outcome, t, design) for claim, key, outcome, t in deciding_tests(verdicts)]
-    out = Decisions(plan, stats.Settings.from_config(config).alpha, tests, _spending(config, jobs, plan.cap))
+    spending = _spending(config, jobs, plan.cap) if jobs is not None else Spending([], plan.cap)
+    out = Decisions(plan, stats.Settings.from_config(config).alpha, tests, spending)
     try:
         state = read_state(".", results)  # the driver's own record and reader
     except DecideError as err:
         out.problems.append(str(err))
-        return out
-    if state is not None:
+        state = None
+    if isinstance(state, dict):
         out.looks_run, out.next_look = list(state.get("looks") or []), state.get("next")
+    out.ended, out.last_look = _ended(out)
+    if out.ended:
+        for t in tests:
+            if t.reason in (CONTINUES, CLAIM_DONE):
+                t.reason, t.next_seeds = ENDED, 0
     return out
+
+
+def _ended(d: Decisions) -> tuple[bool, int]:
+    """Whether the sequence is over, and its last look: the driver recorded no next look, or the cap's look was
+    read, or no test waits for a later look (the driver adds seeds only to a continuing test of a continuing
+    claim: with none, it stops after this look)."""
+    read = max((t.test.looks[-1]["look"] for t in d.tests if t.test.looks), default=0)
+    recorded = max((int(r.get("look") or 0) for r in d.looks_run or [] if isinstance(r, dict)), default=0)
+    last = max(read, recorded)
+    if d.looks_run and d.next_look is None:
+        return True, last
+    if last >= len(d.plan.looks):
+        return True, last
+    return bool(d.tests) and not any(t.reason in (CONTINUES, WAITS) for t in d.tests), last
+
+
+def displayed(config: dict, verdicts: list[ClaimVerdict], results: str | Path) -> list[ClaimVerdict]:
+    """The verdicts in the words of the design that produced them (a copy; claims.json keeps the engine's, which
+    linvit decide reads). Under a sequential plan: once the sequence is over, a test or claim cell the engine
+    leaves "continues" is UNDECIDED_AT_END (no look adds seeds for it); a C4 cell is never "inconclusive" (a
+    claim that failed in its own test but not at C4's Bonferroni level across the grid stopped: "undecided within
+    the cap"). A fixed design's verdicts are returned as they are."""
+    d = evaluate(config, verdicts, None, results)
+    if d is None:
+        return verdicts
+    shown = copy.deepcopy(verdicts)
+    for v in shown:
+        rename = {sequential.CONTINUES: UNDECIDED_AT_END} if d.ended else {}
+        if v.claim == "C4":
+            m = len(CLAIMS) * len(v.cells)
+            for cell in v.cells:
+                if cell.outcome == INCONCLUSIVE:
+                    failed = [k for k, o in cell.parts.items() if o == stats.FAILS]
+                    cell.why = cell.why or (f"{', '.join(failed)} {'fails' if len(failed) == 1 else 'fail'} here at "
+                                            f"{'its' if len(failed) == 1 else 'their'} own level, not at "
+                                            f"Bonferroni's across the grid's {m} (claim, cell, budget) tests")
+                cell.parts = {k: rename.get(o, o) for k, o in cell.parts.items()}
+            rename = {**rename, INCONCLUSIVE: sequential.FUTILE}
+            v.axes = {axis: _reword(text, rename) for axis, text in v.axes.items()}
+        if not rename:
+            continue
+        for cell in v.cells:
+            cell.outcome = rename.get(cell.outcome, cell.outcome)
+            for t in cell.tests:
+                if t.decides:
+                    t.outcome = rename.get(t.outcome, t.outcome)
+        v.counts = _renamed_counts(v.counts, rename)
+        v.verdict = _reword(v.verdict, rename)
+        for b in v.by_budget:
+            b["verdict"], b["counts"] = _reword(b["verdict"], rename), _renamed_counts(b["counts"], rename)
+    return shown
+
+
+def _renamed_counts(counts: dict[str, int], rename: dict[str, str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for outcome, n in counts.items():
+        new = rename.get(outcome, outcome)
+        out[new] = out.get(new, 0) + n
+    return out
+
+
+def _reword(text: str, rename: dict[str, str]) -> str:
+    """`text` (a verdict: 'continues', 'mixed (1 holds, 2 continues)') with each renamed outcome's word replaced,
+    a 'mixed (...)' list merged where two words became one ('mixed (2 x)' reads 'x')."""
+    for old, new in rename.items():
+        text = re.sub(rf"(?<![\w-]){re.escape(old)}(?![\w-])", new, text)
+
+    def merge(match: re.Match) -> str:
+        counts: dict[str, int] = {}
+        for part in match.group(1).split(", "):
+            n, _, outcome = part.partition(" ")
+            counts[outcome] = counts.get(outcome, 0) + int(n)
+        if len(counts) == 1:
+            return next(iter(counts))
+        return "mixed (" + ", ".join(f"{n} {o}" for o, n in counts.items()) + ")"
+    return re.sub(r"mixed \((\d+ [^,()]+(?:, \d+ [^,()]+)*)\)", merge, text)
 
 
 def _decision(claim: str, key: str, claim_outcome: str, t: TestOutcome, design: Design) -> TestDecision:
@@ -224,7 +314,7 @@ def markdown(d: Decisions) -> str:
              "stopping look's repeated interval, which covers the truth at every look at once (at the level given "
              "with each test), so it stays valid.",
              _tally(d.tests)]
-    parts += [_test_block(t, plan) for t in d.tests]
+    parts += [_test_block(t, plan, d.last_look) for t in d.tests]
     parts.append("### Jobs and CPU-hours against a fixed design at the cap\n\n" + _cost(d.spending))
     parts += [f"- {p}" for p in d.problems]
     return "\n\n".join(p for p in parts if p)
@@ -239,12 +329,15 @@ def _looks_run(d: Decisions) -> str:
                      + f", finished {r.get('finished', 'n/a')})" for r in d.looks_run)
     if not d.next_look:
         after = " The sequence is finished."
-    elif d.next_look.get("look") == 1:  # the report of a look is made before the driver records that look
-        after = " This report is look 1's, the grid as configured."
     else:
         k = d.next_look.get("look")
-        after = (f" This report is look {k}'s, run for the {len(d.next_look.get('waiting') or [])} tests undecided "
+        # the report of a look is made before the driver records that look
+        after = (" This report is look 1's, the grid as configured." if k == 1 else
+                 f" This report is look {k}'s, run for the {len(d.next_look.get('waiting') or [])} tests undecided "
                  f"after look {k - 1}.")
+        if d.ended:
+            after += (" It is the cap's: the sequence ends with it." if k == len(d.plan.looks) else
+                      " No test is left for a later look to add seeds to: the sequence ends with it.")
     return f"Looks run by `linvit decide` (results/decide/state.json): {done or 'none yet'}.{after}"
 
 
@@ -252,16 +345,22 @@ def _added(record: dict) -> int:
     return sum(len(a.get("seeds") or []) for a in record.get("added") or [])
 
 
+def _shown(t: TestDecision) -> str:
+    """The test's outcome in the report's words: UNDECIDED_AT_END for one the engine leaves "continues" after the
+    sequence ended."""
+    return UNDECIDED_AT_END if t.reason == ENDED else t.test.outcome
+
+
 def _tally(tests: list[TestDecision]) -> str:
     counts: dict[str, int] = {}
     for t in tests:
-        counts[t.test.outcome] = counts.get(t.test.outcome, 0) + 1
+        counts[_shown(t)] = counts.get(_shown(t), 0) + 1
     if not tests:
         return "No deciding test in the grid's linear cells."
     return f"Deciding tests: {len(tests)} (" + ", ".join(f"{n} {o}" for o, n in counts.items()) + ")."
 
 
-def _test_block(d: TestDecision, plan: sequential.Plan) -> str:
+def _test_block(d: TestDecision, plan: sequential.Plan, last_look: int = 0) -> str:
     t = d.test
     stat = _STATISTICS[t.name]
     threshold = "" if math.isnan(t.threshold) else f" {t.side} {number(t.name, t.threshold)}"
@@ -280,6 +379,12 @@ def _test_block(d: TestDecision, plan: sequential.Plan) -> str:
         CONTINUES: f"**{t.outcome}**: undecided at {at}); the next look adds seeds (to {d.next_seeds})",
         CLAIM_DONE: f"**not stopped**: undecided at {at}), and no later look adds seeds for it (its claim in this "
                     f"cell: {d.claim_outcome})",
+        ENDED: f"**{UNDECIDED_AT_END}**: undecided at {at}), " + (
+            f"and no later look added seeds for it (its claim in this cell: {d.claim_outcome})"
+            if d.claim_outcome != sequential.CONTINUES else
+            f"and read no further although the sequence ran to look {last_look}: a run of its later seeds was "
+            "not read (missing or invalid: see Missing cells and failed runs)" if last_look > last["look"] else
+            "and no later look added seeds for it"),
     }[d.reason]
     early = " (before the cap: its estimate is biased away from the threshold)" \
         if d.reason in (HOLD, FAIL) and last["look"] < len(plan.looks) else ""
@@ -288,10 +393,11 @@ def _test_block(d: TestDecision, plan: sequential.Plan) -> str:
     for x in t.looks:
         power = "—" if x["power"] is None or math.isnan(x["power"]) else f"{x['power']:.2f}"
         note = f" ({x['note']})" if x.get("note") else ""
+        outcome = UNDECIDED_AT_END if d.reason == ENDED and x is last else x["outcome"]
         rows.append(f"| {x['look']} | {x['seeds']} | {number(t.name, x['estimate'])} | [{number(t.name, x['low'])}, "
                     f"{number(t.name, x['high'])}] | {_t(x['statistic'])} | {_t(x['hold_bound'])} | "
-                    f"{_t(-x['fail_bound'])} | {x['fraction']:.3f} | {power} | {x['outcome']}{note} |")
-    return (f"{head} {words}{early}. Seeds used: {_seeds(d.seeds)}; repeated intervals at {100 * t.level:.2f}%."
+                    f"{_t(-x['fail_bound'])} | {x['fraction']:.3f} | {power} | {outcome}{note} |")
+    return (f"{head} {words}{early}. Seeds used: {seed_ranges(d.seeds)}; repeated intervals at {100 * t.level:.2f}%."
             "\n\n" + "\n".join(rows))
 
 
@@ -299,7 +405,7 @@ def _t(x: float) -> str:
     return ("+inf" if x > 0 else "-inf") if math.isinf(x) else f"{x:.2f}"
 
 
-def _seeds(seeds: tuple[int, ...]) -> str:
+def seed_ranges(seeds: tuple[int, ...]) -> str:
     """'0-9' for consecutive seeds, else '0-4, 7, 9'."""
     runs: list[list[int]] = []
     for s in sorted(seeds):

@@ -23,7 +23,8 @@ from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, 
 from linvit.report.claims import CONTROL_VARIANT, ClaimVerdict, evaluate_claims, intervals_over
 from linvit.report.claims_text import (budget_markdown, claims_markdown, control_markdown, coverage_section,
                                        mde_markdown, roles_markdown, rules_markdown, verdicts_table)
-from linvit.report.decisions import section as decisions_section
+from linvit.report.decisions import displayed, seed_ranges, section as decisions_section
+from linvit.report.sequential import Plan
 from linvit.report.figures_tests import CAPTION as TESTS_CAPTION
 from linvit.report.html_page import render_html
 from linvit.report.roles import COPY_MLP_DISTILL, resolve_roles
@@ -101,24 +102,28 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
            "trained with the same budget (see Claims)." if random else
            "Gap closed is not available: no strategy of the grid copies nothing and trains on the task loss alone "
            "(the random role, see Claims).")
+    # The verdicts in the words of the design that produced them (claims.json keeps the engine's: linvit decide
+    # reads it); the Decisions section reads the engine's and says the same.
+    shown = displayed(config, verdicts, results)
+    plan = Plan.from_config(config)
     summary_table, constant = _drop_constant(
         display_summary(summary)[["dataset", "size", "variant", "budget", "init", "design", "seeds", "test acc",
                                   "gap closed"]], ["budget", "design"])
     sections = [
         "# linvit report\n\nRegenerated from `results/` by `linvit.report`; every number below comes from the "
         "runs' own result files. Accuracies are top-1 on each target's test split; std is over seeds.",
-        "## Scale\n\n" + scale_markdown(config, runs, results) + "\n\n" + mde_markdown(verdicts, config),
-        "## Verdicts\n\n" + verdicts_table(verdicts) + "\n\nEach claim's tests, intervals and minimum detectable "
+        "## Scale\n\n" + scale_markdown(config, runs, results) + "\n\n" + mde_markdown(shown, config),
+        "## Verdicts\n\n" + verdicts_table(shown) + "\n\nEach claim's tests, intervals and minimum detectable "
         "effects are under [Claims](#claims); the softmax control under [Positive control](#positive-control).",
         "## Grid covered\n\n" + _grid_section(config, runs),
         "## Summary\n\n" + gap + constant + " Full table: [summary.csv](summary.csv), [summary.md](summary.md).\n\n"
         + _markdown(summary_table),
         "## Figures\n\n" + _figures_section(figures),
         "## Claims\n\n" + _roles_section(config) + "\n\n### How the verdicts are reached\n\n"
-        + rules_markdown(config) + "\n\n" + coverage_section(config) + "\n\n" + _budgets_section(verdicts)
-        + claims_markdown(verdicts),
+        + rules_markdown(config) + "\n\n" + coverage_section(config) + "\n\n" + _budgets_section(shown)
+        + claims_markdown(shown, plan),
         decisions_section(config, verdicts, jobs, results),  # '' under a fixed design
-        "## Positive control\n\n" + control_markdown(verdicts, config),
+        "## Positive control\n\n" + control_markdown(shown, config),
         "## Distillation designs and baselines\n\n" + _designs_section(designs, config),
         "## Cost\n\n" + _cost_section(costs, jobs, config),
         "## Missing cells and failed runs\n\n" + _missing_section(runs),
@@ -230,7 +235,7 @@ def _grid_section(config: dict, runs: pd.DataFrame) -> str:
         f"- Targets: {', '.join(map(str, config['targets']))}",
         f"- Sizes: {', '.join(map(str, config['sizes']))}",
         "- Variants: " + ", ".join(f"{v} (control)" if v == CONTROL_VARIANT else str(v) for v in config["variants"]),
-        f"- Seeds: {', '.join(map(str, config['seeds']))}",
+        f"- Seeds: {_seeds_line(config)}",
         f"- Teacher pretrained on: {(config.get('teacher') or {}).get('dataset', 'not given in the config')}",
         f"- Budgets: {', '.join(f'{b} steps' for b in grid_budgets)}. A budget is the number of training steps "
         "each student, and the softmax reference it is compared with, gets on the target (stage 2); every "
@@ -274,6 +279,23 @@ def _grid_section(config: dict, runs: pd.DataFrame) -> str:
               if s in ("ok", "missing") or counts.get(s, 0)]
     lines.append(f"- Cells: {len(runs)} expected (students and softmax references), {', '.join(states)}")
     return "\n".join(lines)
+
+
+def _seeds_line(config: dict) -> str:
+    """The grid's seeds; under a sequential plan every seed its looks used: the configured ones (look 1) and those
+    later looks added (`added_seeds`) to the roles of undecided tests, with the cap."""
+    seeds = ", ".join(map(str, config["seeds"]))
+    plan = config.get("sequential")
+    if not isinstance(plan, dict) or not plan.get("looks"):
+        return seeds
+    first = [int(s) for s in config["seeds"]]
+    added = sorted({int(s) for a in config.get("added_seeds") or [] if isinstance(a, dict)
+                    for s in a.get("seeds") or []} - set(first))
+    used = seed_ranges(tuple(first + added))
+    later = (f"; {seed_ranges(tuple(added))} added by later looks to the roles of undecided tests" if added else
+             "; no later look added seeds")
+    return (f"{used} ({seed_ranges(tuple(first))} the grid as configured, look 1{later}; the plan's cap: "
+            f"{plan['looks'][-1]} seeds)")
 
 
 def _designs_used(config: dict) -> list[str]:

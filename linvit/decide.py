@@ -26,8 +26,10 @@ submits the training jobs.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -36,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from .config import ConfigError, NO_DESIGN, REFERENCE_INIT, load_config, seed_sequence, validate
-from .grid import REFERENCE_VARIANT, REPORT, RESULTS, decide_dir
+from .grid import REFERENCE_VARIANT, REPORT, RESULTS, all_cells, decide_dir, log_path
 from .io import write_text
 from .runrecord import merge_config
 
@@ -109,18 +111,45 @@ class Driver:
 
     # --- state ---------------------------------------------------------------------------------------------
     def load_state(self) -> dict:
+        fresh = {"plan": self.plan.as_dict(), "fingerprint": self.plan.fingerprint(), "looks": [],
+                 "next": {"look": 1, "added": []}}
         if not self.state_path.exists():
-            return {"plan": self.plan.as_dict(), "fingerprint": self.plan.fingerprint(), "looks": [],
-                    "next": {"look": 1, "added": []}}
+            return fresh
         try:
             state = json.loads(self.state_path.read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise DecideError(f"{self.state_path}: unreadable ({err}); it records the looks so far: restore it, "
                               f"or move it away to start the sequence again") from None
+        if isinstance(state, dict) and not state.get("looks"):
+            return fresh  # no look is recorded (look 1 failed or was stopped): the plan and config may still change
         if state.get("fingerprint") != self.plan.fingerprint():
-            raise DecideError(f"{self.state_path}: the plan changed after look 1 (recorded {state.get('plan')}, "
-                              f"now {self.plan.as_dict()}); a sequential plan is fixed before the first look")
+            plan = lambda p: {f"sequential.{k}": json.dumps(v) for k, v in (p or {}).items()}  # noqa: E731
+            said = changes(plan(state.get("plan")), plan(self.plan.as_dict())) or ["its fingerprint"]
+            raise DecideError(f"{self.state_path}: the plan changed after look {state['looks'][-1]['look']} "
+                              f"({'; '.join(said)}); a sequential plan is fixed before the first look. "
+                              + self.new_sequence)
         return state
+
+    @property
+    def new_sequence(self) -> str:
+        return (f"Change it back, or start a new sequence: move {self.folder} away (its looks are then forgotten; runs "
+                f"whose settings changed retrain), or run in another --directory")
+
+    def check_config(self, state: dict) -> None:
+        """Everything that decides (`deciding`) reads as at the last recorded look; else one line naming the key.
+        Called before Snakemake runs, so a changed setting never retrains a decided look's runs."""
+        if not state["looks"] or "decides" not in state:  # nothing decided yet, or a state from before it was kept
+            return
+        said = changes(state["decides"], deciding(self.config))
+        if said:
+            more = f" (and {len(said) - 1} more: {'; '.join(said[1:3])}{' ...' if len(said) > 3 else ''})" \
+                if len(said) > 1 else ""
+            key = said[0].split(":")[0]
+            cell = (" A cell added mid-sequence would miss the past looks' seeds, and C4 reads across the cells: "
+                    "run it as a sequence of its own." if key in CELL_KEYS else "")
+            raise DecideError(f"{self.state_path}: the config changed after look {state['looks'][-1]['look']}: "
+                              f"{said[0]}{more}; a sequence's looks are read under one config.{cell} "
+                              + self.new_sequence)
 
     def save_state(self, state: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -184,6 +213,8 @@ class Driver:
             k = record["look"]
             for test_id, past in record["tests"].items():
                 now = decisions.get(test_id)
+                if record.get("failed") and now is not None and reads_failed(record["failed"], now):
+                    continue  # read without runs that failed at it: those may exist now; its record stands
                 look = now and next((x for x in now["looks"] if x["look"] == k), None)
                 if look is None:
                     raise DecideError(f"{self.state_path}: look {k} of {test_id} is recorded, but the results no "
@@ -192,6 +223,60 @@ class Driver:
                     raise DecideError(f"{self.state_path}: look {k} of {test_id} was decided {past['outcome']} "
                                       f"(T {past['statistic']:.6g}) and now reads {look['outcome']} "
                                       f"(T {look['statistic']:.6g}): runs of its seeds changed after it was decided")
+
+    def failed_runs(self, look: int, added: list[dict], code: int, before, say=print) -> list[str]:
+        """After a look's Snakemake exited `code` (under --keep-going): the keys of the look's runs that did not
+        finish, where the report was still made for this look (report/claims.json changed since `before`: the
+        workflow's onerror makes it from the runs that finished; it drops the others from their cells for this
+        look and names them). Else one line naming the failed jobs' logs."""
+        from .grid import jobs
+
+        config = {**self.config, "added_seeds": added}
+        results = self.folder.parent
+        if stamp(self.report / "claims.json") in (before, None):
+            logs = [job.log for job in jobs(config, results, self.report)
+                    if job.rule != "report" and not all(Path(out).exists() for out in job.outputs)
+                    and Path(job.log).exists()]
+            logs += [p for p in (log_path("report", "all", results), log_path("report", "partial", results))
+                     if Path(p).exists()]
+            raise DecideError(f"look {look}: snakemake exited {code} and made no report for this look; "
+                              + (f"the failed jobs' logs: {', '.join(logs[:4])}"
+                                 + (f" and {len(logs) - 4} more" if len(logs) > 4 else "")
+                                 if logs else "no job's log names the failure (see Snakemake's output above)")
+                              + f"; fix what they report and rerun linvit decide (it resumes at look {look})")
+        failed = [key for key, _, _ in broken_runs(all_cells(config), results)]
+        say(f"decide: look {look}: snakemake exited {code}; the report read the look without the "
+            f"{len(failed)} run{'s' if len(failed) != 1 else ''} that did not finish"
+            + (f" ({', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''})" if failed else "")
+            + "; the next look tries them again")
+        return failed
+
+    def check_done(self, state: dict, snakemake_args: list[str], say=print) -> None:
+        """After the last look: every run a recorded look read is still there and whole (a lost or truncated file
+        would otherwise leave the sequence "done" over a report that no longer reads its looks), and the report
+        still gives every recorded look. Else one line per run and the command that makes them again."""
+        results = self.folder.parent
+        broken = broken_runs(read_runs(self.config, state), results)
+        command = shlex.join(state.get("command") or ["snakemake", *snakemake_args, "--configfile", *self.files,
+                                                      str(self.look_path)])
+        if broken:
+            for key, wrong, _ in broken:
+                say(f"decide: run {key}: {wrong}")
+            files = [f for _, _, remove in broken for f in remove]
+            raise DecideError(f"{len(broken)} run{'s' if len(broken) > 1 else ''} the recorded looks read "
+                              f"{'are' if len(broken) > 1 else 'is'} missing or broken (listed above): "
+                              + (f"remove the broken files (rm {' '.join(files)}), then " if files else "")
+                              + f"make them and the report again with the last look's runs: `{command}`; then rerun "
+                              f"linvit decide, which checks that every look reads as it was decided")
+        try:
+            decisions = self.decisions()
+        except DecideError as err:
+            raise DecideError(f"{err}; make the report again with the last look's runs: `{command}`") from None
+        try:
+            self.check_past(state, decisions)
+        except DecideError as err:
+            raise DecideError(f"{err}. If the report was made without the looks' runs (a plain snakemake), make it "
+                              f"again with them: `{command}`") from None
 
     # --- the loop ------------------------------------------------------------------------------------------
     def run(self, snakemake_args: list[str], say=print) -> dict:
@@ -209,9 +294,12 @@ class Driver:
         lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         lock.flush()
         state = self.load_state()
+        self.check_config(state)  # before Snakemake: a changed setting would retrain decided runs
         self.save_state(state)
+        snakemake_args = keep_going(snakemake_args)
         while True:
             if state["next"] is None:
+                self.check_done(state, snakemake_args, say)
                 say(f"decide: done after look {state['looks'][-1]['look']}; report in {self.report}/README.md")
                 return state
             look, added = state["next"]["look"], state["next"]["added"]
@@ -220,21 +308,22 @@ class Driver:
             say(f"decide: look {look} of {len(self.plan.looks)} ({n} seeds"
                 + (f"; {jobs} added runs so far" if added else "; the grid as configured") + ")")
             self.write_look(added)
+            before = stamp(self.report / "claims.json")  # a report/claims.json that differs after was made by this look
             cmd = ["snakemake", *snakemake_args, "--configfile", *self.files, str(self.look_path)]
             code = subprocess.call(cmd, pass_fds=(lock.fileno(),))  # Snakemake holds the lock too while it runs
-            if code:
-                raise DecideError(f"look {look}: snakemake exited {code}; fix what it reports and rerun linvit decide "
-                                  f"(it resumes at look {look})")
+            failed = self.failed_runs(look, added, code, before, say) if code else []
             decisions = self.decisions()
             self.check_past(state, decisions)
             record = {"look": look, "seeds": n, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "added": added,
-                      "tests": {}}
+                      "failed": failed, "tests": {}}
             for test_id, d in decisions.items():
                 at = next((x for x in d["looks"] if x["look"] == look), None)
                 if at is not None:
                     record["tests"][test_id] = {"outcome": at["outcome"], "statistic": at["statistic"],
                                                 "estimate": at["estimate"], "low": at["low"], "high": at["high"]}
             state["looks"].append(record)
+            state["decides"] = deciding(self.config)  # what the next look must be read under (check_config)
+            state["command"] = ["snakemake", *snakemake_args, "--configfile", *self.files, str(self.look_path)]
             if look == len(self.plan.looks):
                 state["next"] = None
             else:
@@ -249,6 +338,118 @@ class Driver:
 def same(a: float, b: float) -> bool:
     """Two readings of one statistic: within SAME, or the same infinity, or both NaN."""
     return a == b or abs(a - b) <= SAME or (a != a and b != b)
+
+
+# --- what decides a sequence (recorded at each look; a change between looks is refused, naming the key) ----
+# Config keys that decide nothing a look reads or trains: the grid's description, its resources (threads,
+# memory, time: how jobs are scheduled, not what they compute) and the driver's own added_seeds. Every other
+# key decides, a key the schema gains later included, until it is named here.
+NOT_DECIDING = ("description", "resources", "added_seeds")
+# The cells' axes: a cell added mid-sequence would miss the past looks' seeds (docs/statistics.md).
+CELL_KEYS = ("targets", "sizes", "variants", "budgets", "inits", "control_inits", "distills")
+LONG = 120  # a value whose JSON is longer is recorded as its digest (the key is still named)
+
+
+def deciding(config: dict) -> dict[str, str]:
+    """Everything that decides a sequence, key by key: dotted key -> the value as canonical JSON (or
+    'sha256:<16 hex>' where that is longer than LONG). The plan and `claims.*` with their defaults filled in
+    (a default written out is no change), the seeds, the cells' axes, and what the runs train and how they
+    are judged: teacher(s), student, distill, evaluation, runtime, shards, the datasets, init strategies and
+    distillation designs the grid uses (an unused one may change), and any other key but NOT_DECIDING."""
+    from dataclasses import asdict
+
+    from .config import designs
+    from .report.claims import Design, Thresholds
+    from .report.stats import Settings
+
+    given = {k: v for k, v in config.items() if k not in NOT_DECIDING}
+    given["sequential"] = Design.from_config(config).plan.as_dict()
+    given["claims"] = {**asdict(Thresholds()), **asdict(Settings()), **(config.get("claims") or {})}
+    inits = list(dict.fromkeys([*config["inits"], *(config.get("control_inits") or [])]))
+    if "init_strategies" in given:
+        given["init_strategies"] = {k: v for k, v in config["init_strategies"].items() if k in inits}
+    if "distill_designs" in given:
+        used = {d for i in inits for d in designs(config, i)}
+        given["distill_designs"] = {k: v for k, v in config["distill_designs"].items() if k in used}
+    if "datasets" in given:
+        used = {*config["targets"], (config.get("teacher") or {}).get("dataset")}
+        given["datasets"] = {k: v for k, v in config["datasets"].items() if k in used}
+    out: dict[str, str] = {}
+
+    def walk(node, key: str) -> None:
+        if isinstance(node, dict) and node:
+            for k in sorted(node):
+                walk(node[k], f"{key}.{k}" if key else str(k))
+            return
+        text = json.dumps(node, sort_keys=True)
+        out[key] = text if len(text) <= LONG else "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    walk(given, "")
+    return out
+
+
+def changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
+    """Each key whose value differs, as 'key: before -> now' ('(not set)' for a key one side lacks); the shallowest
+    first (an init dropped from `inits` is named before its strategy's settings, which go with it)."""
+    return [f"{k}: {before.get(k, '(not set)')} -> {now.get(k, '(not set)')}"
+            for k in sorted({*before, *now}, key=lambda k: (k.count("."), k)) if before.get(k) != now.get(k)]
+
+
+# --- the runs the looks read (after the last look, each must still be there and whole) ----------------------
+def keep_going(args: list[str]) -> list[str]:
+    """Snakemake's arguments with --keep-going: a run that fails leaves the others of its look to finish, and the
+    workflow's onerror still makes the report, which reads the look without it (Driver.failed_runs)."""
+    return args if {"--keep-going", "-k"} & set(args) else [*args, "--keep-going"]
+
+
+def stamp(path: Path) -> tuple | None:
+    """What tells a file written again (an atomic write is a new inode): None where it does not exist."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def reads_failed(failed: list[str], decision: dict) -> bool:
+    """Whether a test (Driver.decisions' entry: its cell and roles) reads a run of `failed` (run keys)."""
+    cell = decision["cell"]
+    roles = {f"{cell['dataset']}/{cell['size']}/{variant}/{init}/{design}/steps{cell['budget']}/"
+             for variant, init, design in decision["roles"]}
+    return any(key.startswith(role) for key in failed for role in roles)
+
+
+def read_runs(config: dict, state: dict) -> list:
+    """The runs (grid.Cell) the recorded looks read: each look's grid with the seeds it had added, less the runs
+    that failed at it; in grid order, each once."""
+    from .grid import all_cells
+
+    runs = {}
+    for record in state.get("looks") or []:
+        failed = set(record.get("failed") or [])
+        for cell in all_cells({**config, "added_seeds": record.get("added") or []}):
+            if cell.key not in failed:
+                runs.setdefault(cell.key, cell)
+    return list(runs.values())
+
+
+def broken_runs(cells, results: str | Path = RESULTS) -> list[tuple[str, str, list[str]]]:
+    """Each of `cells`' runs (grid.Cell) whose files the report reads are missing or not whole: (its key, what is
+    wrong, the files to remove: those there but broken, which Snakemake, judging by times, would never remake)."""
+    from .status import WHOLE, unreadable
+
+    out = []
+    for cell in cells:
+        folder = cell.run_dir(results)
+        wrong = [(name, why) for name in WHOLE if (why := unreadable(folder / name))]
+        if not wrong:
+            continue
+        if all(why == "missing" for _, why in wrong) and len(wrong) == len(WHOLE):
+            said = f"missing ({folder})"
+        else:
+            said = "; ".join(f"{folder / name} {why}" for name, why in wrong)
+        out.append((cell.key, said, [str(folder / name) for name, why in wrong if why != "missing"]))
+    return out
 
 
 def main(argv: list[str]) -> None:
@@ -319,7 +520,20 @@ def status_lines(config: dict, root: str | Path = ".", results: str | Path = RES
     done = state["looks"]
     if state.get("next") is None:
         last = done[-1]
-        lines.append(f"Decided: the driver finished after look {last['look']} ({last['seeds']} seeds)")
+        broken = broken_runs(read_runs(base, state), Path(root) / results)
+        if not broken:
+            lines.append(f"Decided: the driver finished after look {last['look']} ({last['seeds']} seeds)")
+            return lines
+        # The looks no longer stand on their runs: a plain `snakemake` would make the report from look 1's alone.
+        command = (shlex.join(state["command"]) if state.get("command") else
+                   f"snakemake --configfile <the grid's config files> {Path(root) / decide_dir(results) / LOOK}")
+        remove = [f for _, _, files in broken for f in files]
+        lines.append(f"Decided after look {last['look']}, but {len(broken)} run{'s' if len(broken) > 1 else ''} its "
+                     f"looks read {'are' if len(broken) > 1 else 'is'} missing or broken:")
+        lines += [f"  {key}: {wrong}" for key, wrong, _ in broken]
+        lines.append("  make them and the report again with the last look's runs: "
+                     + (f"rm {' '.join(remove)}; then " if remove else "") + f"`{command}`; then `linvit decide` "
+                     f"checks that every look reads as it was decided")
         return lines
     look = state["next"]["look"]
     before = len(jobs({**base, "added_seeds": done[-1]["added"] if done else []}))

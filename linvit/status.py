@@ -16,7 +16,9 @@ against (tests/test_workflow.py). Each job is, in this order:
     blocked      a job it reads failed, is blocked, or lost outputs it made before: it runs only once that
                  is fixed (checked before its own log: an old log of a job whose inputs went is no failure)
     failed       its log exists and its outputs do not: the log's error line; for a Slurm job, Slurm's
-                 state (TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, CANCELLED, ...), its attempt and its Slurm log
+                 state (TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, CANCELLED, ...), its attempt and its Slurm log;
+                 or its outputs exist but one read whole (WHOLE: metrics.json, eval.json, predictions.npz,
+                 model.safetensors) is cut short: remove it, and the next snakemake makes it again
     to run       none of these yet (a job that lost some outputs and whose log names no error is to run:
                  the next `snakemake` makes them again)
 
@@ -39,11 +41,13 @@ the grid, file and process listings, and at most three Slurm commands (squeue; s
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import socket
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,7 +139,15 @@ def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record:
         attempts = slurm_index.get((job.rule, wildcards), []) if slurm_index else []
         marked_id = next((i for i, _ in marked if i), None)
         slurm_job = slurm_of.get((job.rule, wildcards)) or (queue or {}).get(marked_id or "")
-        if all(present) and not marked and not unfinished and slurm_job is None:
+        broken = [(out, why) for out, there in zip(job.outputs, present)
+                  if there and Path(out).name in WHOLE and (why := unreadable(root / out))]
+        if all(present) and not marked and not unfinished and slurm_job is None and broken:
+            # Snakemake judges by times and would never remake it: it waits for the broken files to go.
+            status.state = "failed"
+            status.detail = "; ".join(f"{Path(out).name} {why}" for out, why in broken) + (
+                f": rm {' '.join(out for out, _ in broken)}, and the next snakemake makes "
+                f"{'it' if len(broken) == 1 else 'them'} again")
+        elif all(present) and not marked and not unfinished and slurm_job is None:
             status.state = "finished"
             status.seconds = read_benchmark(root / job.benchmark)["wall_s"] if job.benchmark else math.nan
         elif job.log in logs or marked or slurm_job is not None:
@@ -175,6 +187,41 @@ def collect(config: dict, root: str | Path = ".", *, slurm: bool = True, record:
     grid = GridStatus(root, list(by_name.values()), snakemake, now, slurm_known=queue is not None or not (slurm and asked))
     _estimate(grid, config)
     return grid
+
+
+# The files of a finished job that are read whole (a teacher's, a distillation's, a student's): one cut short by
+# a full disk or a killed copy still exists, and Snakemake, judging by times, would never make it again.
+WHOLE = ("metrics.json", "eval.json", "predictions.npz", "model.safetensors")
+
+
+def unreadable(path: Path) -> str:
+    """Why a job's file cannot be read ('' where it is whole): "missing", JSON that does not parse, a safetensors
+    file whose header or tensors are cut, an npz (a zip) whose directory is gone. Reads headers, never weights."""
+    try:
+        if path.suffix == ".json":
+            json.loads(path.read_bytes())
+        elif path.suffix == ".safetensors":
+            with path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                n = int.from_bytes(f.read(8), "little")
+                if size < 8 or n > size - 8:
+                    return f"is cut short ({size} bytes, no whole header)"
+                header = json.loads(f.read(n))
+                end = 8 + n + max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+                if end != size:
+                    return f"is cut short ({size} of {end} bytes)" if size < end else f"has {size - end} bytes too many"
+        elif path.suffix == ".npz":
+            with zipfile.ZipFile(path) as z:
+                z.infolist()
+    except FileNotFoundError:
+        return "missing"
+    except json.JSONDecodeError:
+        return "is not valid JSON (cut short?)" if path.suffix == ".json" else "has a header cut short"
+    except zipfile.BadZipFile:
+        return "is not a whole zip (cut short?)"
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        return f"is not whole ({type(err).__name__}: {str(err)[:60]})"
+    return ""
 
 
 def _stops(status: JobStatus) -> bool:

@@ -455,3 +455,22 @@ def test_each_deciding_test_sizes_its_seeds_to_fail_at_its_claims_bonferroni_lev
         for t in (t for t in claim.tests if t.threshold is not None):
             key = (t.statistic.numerator, t.side, thresholds.value(t.threshold))
             assert seen[key] == (len(claim.deciding) if t.decides else 1), (claim.name, t.statistic.name)
+
+
+def test_a_claim_reads_its_cells_first_when_a_role_is_absent_or_cells_are_blocked():
+    """Issue 55, item 5: a failure stands where another test is blocked, so a claim that fails in every
+    cell is 'not supported' even with a role the grid lacks (it read 'not evaluable'); and one holding cell
+    beside three not-evaluable ones is 'supported in the cells judged (1 of 4)', not 'supported'."""
+    from linvit.report.claims import _overall
+
+    def cells(*outcomes):
+        return [CellVerdict("C1", "d", "s", f"v{i}", 10, o) for i, o in enumerate(outcomes)]
+
+    assert _overall("C1", "", cells(FAILS, FAILS), ["attn_only"]).verdict == \
+        "not supported; no strategy of the grid fills attn_only"
+    assert _overall("C1", "", cells(NOT_EVALUABLE, NOT_EVALUABLE), ["attn_only"]).verdict == \
+        "not evaluable: no strategy of the grid fills attn_only"
+    assert _overall("C1", "", cells(HOLDS, NOT_EVALUABLE, NOT_EVALUABLE, NOT_EVALUABLE), []).verdict == \
+        "supported in the cells judged (1 of 4)"
+    assert _overall("C1", "", cells(FAILS, NOT_EVALUABLE), []).verdict == "not supported in the cells judged (1 of 2)"
+    assert _overall("C1", "", cells(HOLDS, HOLDS), []).verdict == "supported"

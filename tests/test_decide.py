@@ -203,3 +203,19 @@ def test_a_recorded_look_that_reads_differently_now_is_refused(tmp_path):
             driver.check_past(state, {"C1 a attn_alone": {"looks": [{**look, **changed}]}})
     with pytest.raises(DecideError, match="no longer give it"):
         driver.check_past(state, {"C1 a attn_alone": {"looks": []}})
+
+
+def test_a_continuing_test_of_a_blocked_claim_still_gets_seeds(tmp_path):
+    """Issue 55, item 5: a claim that is not evaluable in a cell only because one of its tests is blocked (a
+    role the grid lacks) can still fail there by its other test (claims._judge), so that test gets the next
+    look's seeds; before, it got none and 'a failure stands' was dead after look 1."""
+    from linvit.decide import Driver
+
+    driver = Driver({**TINY, "sequential": {"looks": [2, 3]}}, ["tiny.yaml"], tmp_path / "results",
+                    tmp_path / "report")
+    cell = {"dataset": "synthetic", "size": "micro", "variant": "elu", "budget": 4}
+    decisions = {"C1 a attn_on_top": {"outcome": "continues", "claim_outcome": "not evaluable", "cell": cell,
+                                      "roles": [("elu", i, "none") for i in ("copy_all", "copy_mlp", "random")]}}
+    added, waiting = driver.next_added(decisions, 1, [])
+    assert waiting == ["C1 a attn_on_top"]
+    assert {a["init"]: a["seeds"] for a in added} == {"copy_all": [2], "copy_mlp": [2], "random": [2]}

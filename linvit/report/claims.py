@@ -431,26 +431,29 @@ def _counts(cells: list[CellVerdict]) -> dict[str, int]:
 
 def outcome_word(counts: dict[str, int]) -> str:
     """'supported' (every evaluable cell holds), 'not supported' (every one fails), 'too few seeds',
-    'inconclusive', 'not evaluable', else 'mixed (1 holds, 1 fails, ...)'."""
+    'inconclusive', 'not evaluable', else 'mixed (1 holds, 1 fails, ...)'. Where some cells are not
+    evaluable, a verdict says that it speaks for the others: 'supported in the cells judged (1 of 4)'."""
     judged = {o: n for o, n in counts.items() if o not in (NOT_EVALUABLE, NOT_TESTED)}
-    n = sum(judged.values())
+    n, blocked = sum(judged.values()), counts.get(NOT_EVALUABLE, 0)
     if n == 0:
         return NOT_EVALUABLE
     for outcome, word in ((HOLDS, "supported"), (FAILS, "not supported"), (TOO_FEW, TOO_FEW),
                           (INCONCLUSIVE, INCONCLUSIVE), *((o, o) for o in SEQUENTIAL_OUTCOMES)):
         if judged.get(outcome, 0) == n:
-            return word
+            return f"{word} in the cells judged ({n} of {n + blocked})" if blocked else word
     return "mixed (" + ", ".join(f"{k} {o}" for o, k in judged.items() if k) + ")"
 
 
 def _overall(name: str, statement: str, cells: list[CellVerdict], absent: list[str]) -> ClaimVerdict:
+    """The claim over its cells. A role the grid lacks leaves every cell short of holding, but a failure
+    stands where another test is blocked (_judge), so the cells speak first: 'not evaluable' only where
+    none of them could be judged."""
     counts = _counts(cells)
-    if absent:
+    verdict = outcome_word(counts) if cells else f"{NOT_EVALUABLE}: the grid has no cells"
+    if absent and verdict == NOT_EVALUABLE:
         verdict = f"{NOT_EVALUABLE}: no strategy of the grid fills " + "; ".join(absent)
-    elif not cells:
-        verdict = f"{NOT_EVALUABLE}: the grid has no cells"
-    else:
-        verdict = outcome_word(counts)
+    elif absent:
+        verdict += "; no strategy of the grid fills " + "; ".join(absent)
     return ClaimVerdict(name, statement, verdict, counts, cells)
 
 

@@ -251,10 +251,10 @@ class Driver:
                                  if logs else "no job's log names the failure (see Snakemake's output above)")
                               + f"; fix what they report and rerun linvit decide (it resumes at look {look})")
         failed = [key for key, _, _ in broken_runs(all_cells(config), results)]
-        say(f"decide: look {look}: snakemake exited {code}; the report read the look without the "
-            f"{len(failed)} run{'s' if len(failed) != 1 else ''} that did not finish"
-            + (f" ({', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''})" if failed else "")
-            + "; the next look tries them again")
+        say(f"decide: look {look}: snakemake exited {code}; " + (
+            f"the report read the look without the {len(failed)} run{'s' if len(failed) != 1 else ''} that did not "
+            f"finish ({', '.join(failed[:3])}{' ...' if len(failed) > 3 else ''}); the next look tries them again"
+            if failed else "every run of the look finished and the report was made: the look is read from it"))
         return failed
 
     def check_done(self, state: dict, snakemake_args: list[str], say=print) -> None:

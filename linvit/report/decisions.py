@@ -31,6 +31,9 @@ HOLD, FAIL, FUTILITY, CAP, CONTINUES, CLAIM_DONE, WAITS, UNEVALUABLE, ENDED = (
     "hold boundary", "fail boundary", "futility", "cap", "continues", "claim decided", "waits", "not evaluable",
     "ended")
 _STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
+# A claim cell whose continuing tests the driver gives the next look's seeds (linvit.decide.Driver.next_added):
+# continuing, or not evaluable because another test is blocked (a failure of one still stands).
+STILL_OPEN = (sequential.CONTINUES, NOT_EVALUABLE)
 
 
 @dataclass
@@ -230,9 +233,9 @@ def _decision(claim: str, key: str, claim_outcome: str, t: TestOutcome, design: 
         d.reason = FAIL
     elif t.outcome == sequential.FUTILE:
         d.reason = CAP if looks[-1]["look"] == len(design.plan.looks) else FUTILITY
-    elif claim_outcome == sequential.CONTINUES:
+    elif claim_outcome in STILL_OPEN:
         d.reason, d.next_seeds = CONTINUES, design.plan.looks[len(looks)]
-    else:  # the driver adds seeds only to tests of a claim still undecided in the cell
+    else:  # the driver adds seeds only to tests of a claim still open in the cell
         d.reason = CLAIM_DONE
     return d
 
@@ -381,7 +384,7 @@ def _test_block(d: TestDecision, plan: sequential.Plan, last_look: int = 0) -> s
                     f"cell: {d.claim_outcome})",
         ENDED: f"**{UNDECIDED_AT_END}**: undecided at {at}), " + (
             f"and no later look added seeds for it (its claim in this cell: {d.claim_outcome})"
-            if d.claim_outcome != sequential.CONTINUES else
+            if d.claim_outcome not in STILL_OPEN else
             f"and read no further although the sequence ran to look {last_look}: a run of its later seeds was "
             "not read (missing or invalid: see Missing cells and failed runs)" if last_look > last["look"] else
             "and no later look added seeds for it"),

@@ -318,8 +318,32 @@ def build_parser() -> argparse.ArgumentParser:
                         help="list every job of each rule (default: those running, queued, interrupted, failed or "
                              "blocked)")
     status.set_defaults(fn=cmd_status, config_json=None)
-    decide = sub.add_parser("decide", help="run a grid with a sequential plan look by look, adding seeds only where "
-                                           "a claim's test is undecided (every other argument goes to snakemake)")
+    decide = sub.add_parser(
+        "decide", help="run a grid with a sequential plan look by look, adding seeds only where a claim's test is "
+                       "undecided (every other argument goes to snakemake)",
+        usage="%(prog)s [--configfile FILE [FILE ...]] [--directory DIR] [-n] [SNAKEMAKE ARGS ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a grid with a sequential plan (its `sequential:` section) look by look: Snakemake runs "
+                    "each look,\nthe report judges it, and the next look adds seeds only to the roles of the tests "
+                    "still undecided.\nIt records the looks in results/decide/state.json and resumes there when "
+                    "rerun.",
+        epilog="options the driver reads (it passes them on to Snakemake too):\n"
+               "  --configfile FILE [FILE ...]  the grid's config files, merged as Snakemake merges them; one of "
+               "them\n"
+               "                                holds the plan (default: workflow/config/default.yaml\n"
+               "                                workflow/config/decide.yaml)\n"
+               "  --directory DIR, -d DIR       the project folder Snakemake runs in (results/ and report/ "
+               "there)\n"
+               "  -n, --dry-run, --dryrun       Snakemake's dry run of the current look: what it would run; "
+               "nothing\n"
+               "                                is recorded in results/decide/state.json\n"
+               "\n"
+               "every other argument goes to Snakemake unchanged, e.g. --cores 2, --profile slurm, "
+               "--keep-going\n"
+               "(--rerun-incomplete is added, so a stopped look resumes; --config is refused: put overrides "
+               "in a\nconfig file and add it with --configfile).\n"
+               "Ctrl-C (or SIGINT/SIGTERM to the driver) stops Snakemake and its jobs and waits for it to "
+               "release\nits locks: rerun the same command to resume.")
     decide.set_defaults(fn=cmd_decide, snakemake=[])
     mini = sub.add_parser("mini-paper-inputs", help="make mini_paper.yaml's JPEG ImageFolders and teacher file "
                                                     "from data available offline")
@@ -413,8 +437,8 @@ def _run(argv) -> int:
         if hasattr(args, "threads"):
             _threads(args)
         args.fn(args)
-    except KeyboardInterrupt:
-        print("linvit: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:  # linvit decide's Interrupted says how it stopped its Snakemake
+        print("linvit: interrupted" + (f": {err}" if str(err) else ""), file=sys.stderr)
         return 130
     except Exception as err:
         if not _one_line_error(err):

@@ -29,9 +29,12 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shlex
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,19 +62,25 @@ def split_args(argv: list[str]) -> tuple[list[str], list[str], str]:
     directory = "."
     while i < len(argv):
         arg = argv[i]
-        if arg in ("--directory", "-d") and i + 1 < len(argv):
+        if arg in ("--directory", "-d"):
+            if i + 1 == len(argv) or argv[i + 1].startswith("-"):
+                raise DecideError(f"{arg} names no folder (the project folder Snakemake runs in)")
             directory = argv[i + 1]
         elif arg.startswith("--directory="):
             directory = arg.split("=", 1)[1]
         if arg in ("--configfile", "--configfiles"):
-            i += 1
+            i, given = i + 1, len(files)
             while i < len(argv) and not argv[i].startswith("-"):
                 files.append(argv[i])
                 i += 1
+            if len(files) == given:  # never the default grid in their place
+                raise DecideError(f"{arg} names no file (the grid's config files, e.g. --configfile grid.yaml)")
             continue
         if arg.startswith(("--configfile=", "--configfiles=")):
+            if not arg.split("=", 1)[1]:
+                raise DecideError(f"{arg} names no file (the grid's config files, e.g. --configfile=grid.yaml)")
             files.append(arg.split("=", 1)[1])
-        elif arg == "--config" or arg.startswith("--config="):
+        elif arg in ("--config", "-C") or arg.startswith("--config="):
             raise DecideError("--config overrides are not mirrored by the driver (it must read the plan Snakemake "
                               "runs): put them in a config file and give it with --configfile")
         else:
@@ -120,6 +129,7 @@ class Driver:
         except (OSError, json.JSONDecodeError) as err:
             raise DecideError(f"{self.state_path}: unreadable ({err}); it records the looks so far: restore it, "
                               f"or move it away to start the sequence again") from None
+        check_state(state, self.state_path)  # its shape, before anything reads it
         if isinstance(state, dict) and not state.get("looks"):
             return fresh  # no look is recorded (look 1 failed or was stopped): the plan and config may still change
         if state.get("fingerprint") != self.plan.fingerprint():
@@ -128,7 +138,7 @@ class Driver:
             raise DecideError(f"{self.state_path}: the plan changed after look {state['looks'][-1]['look']} "
                               f"({'; '.join(said)}); a sequential plan is fixed before the first look. "
                               + self.new_sequence)
-        return state
+        return check_state(state, self.state_path, self.plan.looks, self.config)  # its looks and seeds: the plan's
 
     @property
     def new_sequence(self) -> str:
@@ -155,13 +165,41 @@ class Driver:
         self.folder.mkdir(parents=True, exist_ok=True)
         write_text(self.state_path, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
-    def write_look(self, added: list[dict]) -> None:
-        """The look's runs as Snakemake config (`added_seeds`), beside the state."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+    def write_look(self, added: list[dict], path: Path | None = None) -> None:
+        """The look's runs as Snakemake config (`added_seeds`), beside the state (or at `path`)."""
+        self.folder.mkdir(parents=True, exist_ok=True) if path is None else None
         text = ("# Written by linvit decide: the runs the looks after the first added (the roles an undecided test\n"
                 "# needs). Passed to Snakemake as the last --configfile; not for editing.\n"
                 + yaml.safe_dump({"added_seeds": added}, sort_keys=False))
-        write_text(self.look_path, text)
+        write_text(path or self.look_path, text)
+
+    def preview(self, snakemake_args: list[str], say=print) -> None:
+        """A dry run (`linvit decide -n`): Snakemake's dry run of the current look, and what the driver would do
+        after it. Nothing is recorded (no state, no look.yaml, no lock: a running driver's folder is only read)."""
+        state = self.load_state()
+        self.check_config(state)
+        if state["next"] is None:
+            say(f"decide: dry run: the sequence is done after look {state['looks'][-1]['look']} (nothing to run; "
+                f"nothing recorded)")
+            return
+        look, added = state["next"]["look"], state["next"]["added"]
+        last = len(self.plan.looks)
+        say(f"decide: dry run of look {look} of {last} ({self.plan.looks[look - 1]} seeds"
+            + (f"; {sum(len(a['seeds']) for a in added)} added runs so far" if added else "; the grid as configured")
+            + f"): Snakemake's dry run follows; nothing is recorded in {self.state_path}")
+        with tempfile.TemporaryDirectory(prefix="linvit-decide-") as tmp:
+            path = Path(tmp) / LOOK
+            self.write_look(added, path)
+            code = run_snakemake(["snakemake", *snakemake_args, "--configfile", *self.files, str(path)])
+        if code:
+            raise DecideError(f"look {look}: snakemake's dry run exited {code}")
+        if look < last:
+            seeds = seed_sequence(self.config, self.plan.looks[look])[self.plan.looks[look - 1]:]
+            after = (f"then the report judges look {look}, and look {look + 1} adds seeds {seeds[0]}-{seeds[-1]} to "
+                     f"the roles of the tests still undecided")
+        else:
+            after = f"then the report judges look {look}, the plan's last: the sequence ends"
+        say(f"decide: dry run: {after} (run without -n to run it)")
 
     # --- one look ------------------------------------------------------------------------------------------
     def decisions(self) -> dict[str, dict]:
@@ -292,7 +330,7 @@ class Driver:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
-            holder = lock.read().strip() or "another process"
+            holder = lock_holder(lock.read().strip())  # the live one: a killed driver's Snakemake may hold it
             raise DecideError(f"{self.folder / LOCK}: another linvit decide runs on this results folder "
                               f"({holder}); wait for it or stop it") from None
         lock.seek(0)
@@ -316,7 +354,8 @@ class Driver:
             self.write_look(added)
             before = stamp(self.report / "claims.json")  # a report/claims.json that differs after was made by this look
             cmd = ["snakemake", *snakemake_args, "--configfile", *self.files, str(self.look_path)]
-            code = subprocess.call(cmd, pass_fds=(lock.fileno(),))  # Snakemake holds the lock too while it runs
+            # Snakemake holds the lock too while it runs (and driver.lock names it); a signal stops it cleanly
+            code = run_snakemake(cmd, lock, lambda pid: record_snakemake(lock, pid))
             failed = self.failed_runs(look, added, code, before, say) if code else []
             decisions = self.decisions()
             self.check_past(state, decisions)
@@ -465,7 +504,10 @@ def main(argv: list[str]) -> None:
     # training jobs continue from their checkpoints).
     if "--rerun-incomplete" not in rest and "--ri" not in rest:
         rest.append("--rerun-incomplete")
-    Driver(merged_config(files), files, Path(directory) / RESULTS, Path(directory) / REPORT).run(rest)
+    driver = Driver(merged_config(files), files, Path(directory) / RESULTS, Path(directory) / REPORT)
+    if is_dry_run(rest):  # what the look would run; nothing recorded
+        return driver.preview(rest)
+    driver.run(rest)
 
 
 
@@ -492,12 +534,13 @@ def current_config(config: dict, root: str | Path = ".", results: str | Path = R
 
 
 def read_state(root: str | Path = ".", results: str | Path = RESULTS) -> dict | None:
-    """The driver's record of a sequential run in `root` (None where no driver ran); DecideError if unreadable."""
+    """The driver's record of a sequential run in `root` (None where no driver ran); DecideError if unreadable
+    or not the driver's record (check_state, against its own plan)."""
     path = Path(root) / decide_dir(results) / STATE
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
+        return check_state(json.loads(path.read_text()), path)
     except (OSError, json.JSONDecodeError) as err:
         raise DecideError(f"{path}: unreadable ({err})") from None
 
@@ -562,3 +605,195 @@ def status_lines(config: dict, root: str | Path = ".", results: str | Path = RES
             lines.append(f"  look {look + 1} would add {after - now} jobs (seeds {nxt[0]}-{nxt[-1]}) if they stay "
                          f"undecided")
     return lines
+
+
+# --- the driver's own inputs and its Snakemake: a dry run, signals, the lock's holder, the state's shape ---
+DRY_RUN = ("-n", "--dry-run", "--dryrun")
+FLAGS = "tkfFlSDpa"  # Snakemake's short options that take no value (so `-pn` is -p -n)
+
+
+def is_dry_run(args: list[str]) -> bool:
+    """Whether Snakemake's arguments ask for a dry run: -n, --dry-run, --dryrun, -n among short flags
+    (`-pn`, `-np`), or the dryrun executor."""
+    for i, a in enumerate(args):
+        if a in DRY_RUN or a in ("--executor=dryrun", "-edryrun"):
+            return True
+        if a.startswith("-") and not a.startswith("--") and "n" in a and set(a[1:a.index("n")]) <= set(FLAGS):
+            return True
+        if a in ("--executor", "-e") and args[i + 1:i + 2] == ["dryrun"]:
+            return True
+    return False
+
+
+class Interrupted(KeyboardInterrupt):
+    """The driver was stopped by a signal, after its Snakemake stopped (linvit's CLI prints it in one line)."""
+
+
+def run_snakemake(cmd: list[str], lock=None, started=None) -> int:
+    """Run Snakemake in a process group of its own (its jobs join it) and wait for it; its exit code.
+
+    SIGINT, SIGTERM or SIGHUP to the driver (Ctrl-C at its terminal, a scheduler, a closed terminal) goes
+    to that group as one SIGINT, as Ctrl-C would to a Snakemake run by hand: Snakemake stops its jobs and
+    removes its locks, and the driver waits for it to exit, then raises Interrupted. (Snakemake in the
+    driver's own group would get a terminal's Ctrl-C twice; a SIGTERM makes it wait for its running jobs.)
+    A second signal kills the group. `lock`: a file Snakemake holds open too; `started(pid)` is called
+    once it runs."""
+    child: subprocess.Popen | None = None
+    got: list[int] = []
+
+    def forward(signum, frame):
+        got.append(signum)
+        if child is not None:
+            _stop(child, len(got))
+
+    watched = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
+    previous = {s: signal.signal(s, forward) for s in watched}
+    try:
+        child = subprocess.Popen(cmd, pass_fds=(lock.fileno(),) if lock is not None else (), process_group=0)
+        if got:  # a signal came while it started
+            _stop(child, len(got))
+        elif started is not None:
+            started(child.pid)
+        code = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+    if got:
+        name = signal.Signals(got[0]).name
+        if len(got) > 1:
+            raise Interrupted(f"{name} twice: killed Snakemake (pid {child.pid}) and its jobs; its locks may be "
+                              f"left in .snakemake/locks (`linvit status` says), then rerun linvit decide")
+        raise Interrupted(f"{name}: Snakemake (pid {child.pid}) stopped its jobs and exited {code}; rerun "
+                          f"linvit decide to resume")
+    return code
+
+
+def _stop(child: subprocess.Popen, times: int) -> None:
+    sig = signal.SIGINT if times == 1 else signal.SIGKILL
+    try:
+        os.killpg(child.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return
+    # (os.write: a signal handler may run while the main thread is inside print)
+    os.write(2, (f"decide: stopping Snakemake (pid {child.pid}) and its jobs, waiting for it to remove its locks "
+                 f"(a second signal kills them)\n" if times == 1 else
+                 f"decide: killed Snakemake (pid {child.pid}) and its jobs\n").encode())
+
+
+def record_snakemake(lock, pid: int) -> None:
+    """Add the running Snakemake's pid to driver.lock's line, so that a refusal names it if the driver is
+    killed and it runs on, holding the lock."""
+    lock.seek(0)
+    line = lock.readline().split(";")[0].strip()
+    lock.truncate(0)
+    lock.write(f"{line}; snakemake pid {pid}\n")
+    lock.flush()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0
+    return True
+
+
+def lock_holder(text: str) -> str:
+    """Who holds the driver's lock, from what driver.lock records ('pid D on HOST since ...; snakemake pid
+    S'): the driver where it lives; where the driver is gone (killed with SIGKILL), the Snakemake it left
+    running, which holds the lock until it ends."""
+    first = re.match(r"pid (\d+) on (\S+)", text)
+    snake = re.search(r"snakemake pid (\d+)", text)
+    if first is None:
+        return text or "another process"
+    driver, host = int(first[1]), first[2]
+    if host != socket.gethostname():
+        return f"{text}: on another machine, check there"
+    snakemake = int(snake[1]) if snake else None
+    if alive(driver):
+        return f"linvit decide pid {driver} on {host}" + (
+            f", running Snakemake pid {snakemake}" if snakemake and alive(snakemake) else "")
+    if snakemake and alive(snakemake):
+        return (f"Snakemake pid {snakemake} holds it, left running when linvit decide pid {driver} was killed; "
+                f"wait for it to end or stop it (kill -INT {snakemake}), then rerun")
+    return text
+
+
+def check_state(state, path, looks=None, config: dict | None = None) -> dict:
+    """`state` as the driver writes it, else a DecideError naming `path`: a mapping with the plan, the looks
+    recorded (1, 2, ...) and the next look (or null once done). With `looks` (the plan's seeds at each look):
+    every look within the plan. With `config`: every run a look lists has seeds of the plan's seed sequence
+    up to that look (the driver gives a look no other)."""
+    def bad(why: str) -> DecideError:
+        return DecideError(f"{path}: {why}; the driver writes this file: restore it, or move it away to start the "
+                           f"sequence again")
+
+    if not isinstance(state, dict):
+        raise bad(f"a JSON {type(state).__name__}, not the driver's record of the looks (an object)")
+    missing = [k for k in ("plan", "looks", "next") if k not in state]
+    if missing:
+        raise bad(f"lacks {', '.join(repr(k) for k in missing)}")
+    plan, records, nxt = state["plan"], state["looks"], state["next"]
+    if not (isinstance(plan, dict) and isinstance(plan.get("looks"), list) and plan["looks"]
+            and all(isinstance(n, int) for n in plan["looks"])):
+        raise bad("its 'plan' has no list of looks")
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise bad("its 'looks' is not a list of looks")
+    for i, r in enumerate(records, 1):
+        lacks = [k for k in ("look", "seeds", "added", "tests") if k not in r]
+        if lacks:
+            raise bad(f"its look {i} lacks {', '.join(repr(k) for k in lacks)}")
+        if r["look"] != i:
+            raise bad(f"its look {i} is numbered {r['look']!r}")
+    if nxt is None and not records:
+        raise bad("it records no look and no next look")
+    if nxt is not None and not (isinstance(nxt, dict) and isinstance(nxt.get("look"), int)
+                                and isinstance(nxt.get("added"), list)):
+        raise bad("its 'next' is not a look (with 'look' and 'added')")
+    looks = list(looks or plan["looks"])
+    last = nxt["look"] if nxt is not None else len(records)
+    if last > len(looks):
+        raise bad(f"it names look {last}, beyond the plan's {len(looks)} looks")
+    if nxt is not None and nxt["look"] != len(records) + 1:
+        raise bad(f"its next look is {nxt['look']}, after {len(records)} recorded")
+    for k, added in [*((r["look"], r["added"]) for r in records), *([(nxt["look"], nxt["added"])] if nxt else [])]:
+        for a in added if isinstance(added, list) else [None]:
+            if not (isinstance(a, dict) and all(key in a for key in (*RUN_KEYS, "seeds")) and isinstance(a["seeds"], list)
+                    and all(isinstance(s, int) and not isinstance(s, bool) for s in a["seeds"])):
+                raise bad(f"look {k} adds a run that is not {', '.join(RUN_KEYS)} and a list of seeds: {a!r}")
+            if config is not None:
+                allowed = seed_sequence(config, looks[k - 1])
+                wrong = [s for s in a["seeds"] if s not in allowed]
+                if wrong:
+                    run = "/".join(str(a[key]) for key in RUN_KEYS)
+                    raise bad(f"look {k} lists seed {wrong[0]} for {run}, not among the plan's {looks[k - 1]} seeds "
+                              f"up to look {k} ({', '.join(map(str, allowed))})")
+    return state
+
+
+def lock_owners(root: str | Path = ".", results: str | Path = RESULTS) -> str:
+    """The live processes driver.lock in `root` names (a linvit decide driver, the Snakemake it runs), on
+    this machine; '' where none lives. For `linvit status`, which never advises `snakemake --unlock` while
+    one of them may still write in the folder. (Read from the file, never by taking the lock: a driver
+    starting at that moment would be refused.)"""
+    try:
+        text = (Path(root) / decide_dir(results) / LOCK).read_text().strip()
+    except OSError:
+        return ""
+    first = re.match(r"pid (\d+) on (\S+)", text)
+    if first is None or first[2] != socket.gethostname():
+        return ""
+    snake = re.search(r"snakemake pid (\d+)", text)
+    live = [f"linvit decide (pid {first[1]})"] if _runs(int(first[1]), "decide") else []
+    live += [f"the Snakemake it ran (pid {snake[1]})"] if snake and _runs(int(snake[1]), "snakemake") else []
+    return " and ".join(live)
+
+
+def _runs(pid: int, word: str) -> bool:
+    """Whether process `pid` lives here and `word` is in its command line."""
+    try:
+        return word in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False

@@ -31,7 +31,11 @@ def atomic_path(path: str | Path):
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:  # a read-only folder: name the file written, not the temporary one
+        why = f"cannot write {path}: {err.strerror or err}"
+        raise (OSError(err.errno, why) if err.errno else OSError(why)) from err
     os.close(fd)
     try:
         yield Path(tmp)

@@ -504,10 +504,24 @@ def _snakemake_line(grid: GridStatus) -> str:
                 "$USER` and where Snakemake was started" + (f" ({run})" if run else ""))
     if alive:
         return f"not running; {jobs_alive}: `squeue -u $USER` shows them, `scancel` ends them"
+    if s.locked and (busy := _still_working(grid)):
+        return (f"not running, but {busy}: do not `snakemake --unlock` while they run (a second Snakemake would work "
+                f"beside them); let them end or stop them, then unlock" + (f"; {run}" if run else ""))
     if s.locked:
         return ("not running, but its locks are left in .snakemake/locks (a killed run): "
                 "`snakemake --unlock` before the next run" + (f"; {run}" if run else ""))
     return "not running" + (f"; {run}" if run else "")
+
+
+def _still_working(grid: GridStatus) -> str:
+    """What still works in the folder while no Snakemake does: a linvit decide driver or its Snakemake that
+    results/decide/driver.lock names, and jobs whose processes run here (a killed Snakemake left them)."""
+    from .decide import lock_owners
+
+    here = [j.job.name for j in grid.jobs if j.state == "running" and j.detail.startswith("runs here")]
+    parts = [p for p in (lock_owners(grid.root), here and f"{len(here)} of its jobs still run here ("
+                         + ", ".join(here[:3]) + (" ..." if len(here) > 3 else "") + ")") if p]
+    return " and ".join(parts)
 
 
 def _remaining_line(grid: GridStatus) -> str:

@@ -100,7 +100,8 @@ def test_the_rules_under_a_plan_are_the_sequential_designs():
     text = rules_markdown(CONFIG)
     assert "repeated interval" in text and "spend the test's error across its looks by `hwang_shih_decani`" in text
     assert "at least 1 - 2.5% - 2.5% / k: 96.25% for C1 and C2's tests, 95% for C3's" in text
-    assert "2.5% / k to fail wrongly (k: its claim's deciding tests: 1.25% for C1 and C2's tests, 2.5% for C3's)" in text
+    assert ("2.5% / k to fail wrongly (k: its claim's deciding tests: 1.25% for C1 and C2's tests, 2.5% for "
+            "C3's)") in text
     assert "Bonferroni across every (claim, cell, budget) of the grid, one family (m = 3 claims x 1 linear cell x " \
            "1 budget = 3)" in text
     # The fixed design's words are gone: its 95% interval, its one-sided tests at 2.5%, Holm for C4, inconclusive.

@@ -135,7 +135,7 @@ class Driver:
         if state.get("fingerprint") != self.plan.fingerprint():
             plan = lambda p: {f"sequential.{k}": json.dumps(v) for k, v in (p or {}).items()}  # noqa: E731
             said = changes(plan(state.get("plan")), plan(self.plan.as_dict())) or ["its fingerprint"]
-            raise DecideError(f"{self.state_path}: the plan changed after look {state['looks'][-1]['look']} "
+            raise DecideError(f"{self.state_path}: the plan changed after look 1 "
                               f"({'; '.join(said)}); a sequential plan is fixed before the first look. "
                               + self.new_sequence)
         return check_state(state, self.state_path, self.plan.looks, self.config)  # its looks and seeds: the plan's

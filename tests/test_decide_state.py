@@ -188,18 +188,24 @@ def test_a_look_whose_report_was_not_made_stops_naming_the_failed_jobs_logs(fake
     assert not state(tmp_path)["looks"]
 
 
-def test_a_look_read_without_a_run_that_failed_then_stands_when_the_run_comes_later():
-    """check_past: a look recorded without a failed run may read differently once the run exists (it is the
-    report's to read that look without it); a look that had all its runs may not."""
-    driver = Driver({**TINY, "sequential": {"looks": [2, 3]}}, ["tiny.yaml"], "results", "report")
+def test_the_look_file_names_the_look_and_the_runs_earlier_looks_were_read_without(tmp_path):
+    """The report reads the driver's look with the runs it has and keeps each recorded look's failed runs out
+    of it when it reads it again (claims.Design: decide_look, dropped_runs), so check_past stays strict: a
+    recorded look that reads differently now is refused, failed runs or not."""
+    import yaml
+
+    driver = Driver({**TINY, "sequential": {"looks": [2, 3]}}, ["tiny.yaml"], tmp_path / "results", "report")
+    failed = grid.run_key("synthetic", "micro", "elu", "attn_only", 1, "none", 4)
+    added = [{**CELL, "variant": "elu", "init": "attn_only", "design": "none", "seeds": [2]}]
+    state = {"looks": [{"look": 1, "tests": {}, "failed": [failed]}], "next": {"look": 2, "added": added}}
+    driver.write_look(state)
+    look = yaml.safe_load(driver.look_path.read_text())
+    assert look == {"added_seeds": added, "decide_look": 2, "dropped_runs": [{"look": 1, "runs": [failed]}]}
     now = {"C1 a attn_alone": {"cell": CELL, "roles": [("elu", "attn_only", "none"), ("elu", "random", "none")],
                                "looks": [{"look": 1, "outcome": "continues", "statistic": 2.0}]}}
     past = {"C1 a attn_alone": {"outcome": "continues", "statistic": 1.25}}
-    failed = grid.run_key("synthetic", "micro", "elu", "attn_only", 1, "none", 4)
-    driver.check_past({"looks": [{"look": 1, "tests": past, "failed": [failed]}]}, now)
-    other = grid.run_key("synthetic", "micro", "elu", "copy_mlp", 1, "none", 4)  # not a run this test reads
     with pytest.raises(DecideError, match="runs of its seeds changed after it was decided"):
-        driver.check_past({"looks": [{"look": 1, "tests": past, "failed": [other]}]}, now)
+        driver.check_past({"looks": [{"look": 1, "tests": past, "failed": [failed]}]}, now)
 
 
 # --- item 10: after the last look, every run the looks read is there and whole ----------------------------

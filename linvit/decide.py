@@ -165,12 +165,18 @@ class Driver:
         self.folder.mkdir(parents=True, exist_ok=True)
         write_text(self.state_path, json.dumps(state, indent=2, sort_keys=True) + "\n")
 
-    def write_look(self, added: list[dict], path: Path | None = None) -> None:
-        """The look's runs as Snakemake config (`added_seeds`), beside the state (or at `path`)."""
+    def write_look(self, state: dict, path: Path | None = None) -> None:
+        """The look's runs as Snakemake config (`added_seeds`), with the look it is (`decide_look`: the report
+        reads it with the runs it has) and the runs each recorded look was read without (`dropped_runs`: they
+        stay out of that look when the report reads it again), beside the state (or at `path`)."""
         self.folder.mkdir(parents=True, exist_ok=True) if path is None else None
+        dropped = [{"look": r["look"], "runs": r["failed"]} for r in state["looks"] if r.get("failed")]
+        look = {"added_seeds": state["next"]["added"], "decide_look": state["next"]["look"],
+                **({"dropped_runs": dropped} if dropped else {})}
         text = ("# Written by linvit decide: the runs the looks after the first added (the roles an undecided test\n"
-                "# needs). Passed to Snakemake as the last --configfile; not for editing.\n"
-                + yaml.safe_dump({"added_seeds": added}, sort_keys=False))
+                "# needs), the look it runs and the runs earlier looks were read without. Passed to Snakemake as\n"
+                "# the last --configfile; not for editing.\n"
+                + yaml.safe_dump(look, sort_keys=False))
         write_text(path or self.look_path, text)
 
     def preview(self, snakemake_args: list[str], say=print) -> None:
@@ -189,7 +195,7 @@ class Driver:
             + f"): Snakemake's dry run follows; nothing is recorded in {self.state_path}")
         with tempfile.TemporaryDirectory(prefix="linvit-decide-") as tmp:
             path = Path(tmp) / LOOK
-            self.write_look(added, path)
+            self.write_look(state, path)
             code = run_snakemake(["snakemake", *snakemake_args, "--configfile", *self.files, str(path)])
         if code:
             raise DecideError(f"look {look}: snakemake's dry run exited {code}")
@@ -257,8 +263,6 @@ class Driver:
             k = record["look"]
             for test_id, past in record["tests"].items():
                 now = decisions.get(test_id)
-                if record.get("failed") and now is not None and reads_failed(record["failed"], now):
-                    continue  # read without runs that failed at it: those may exist now; its record stands
                 look = now and next((x for x in now["looks"] if x["look"] == k), None)
                 if look is None:
                     raise DecideError(f"{self.state_path}: look {k} of {test_id} is recorded, but the results no "
@@ -351,7 +355,7 @@ class Driver:
             jobs = sum(len(a["seeds"]) for a in added)
             say(f"decide: look {look} of {len(self.plan.looks)} ({n} seeds"
                 + (f"; {jobs} added runs so far" if added else "; the grid as configured") + ")")
-            self.write_look(added)
+            self.write_look(state)
             before = stamp(self.report / "claims.json")  # a report/claims.json that differs after was made by this look
             cmd = ["snakemake", *snakemake_args, "--configfile", *self.files, str(self.look_path)]
             # Snakemake holds the lock too while it runs (and driver.lock names it); a signal stops it cleanly
@@ -454,14 +458,6 @@ def stamp(path: Path) -> tuple | None:
     except OSError:
         return None
     return st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def reads_failed(failed: list[str], decision: dict) -> bool:
-    """Whether a test (Driver.decisions' entry: its cell and roles) reads a run of `failed` (run keys)."""
-    cell = decision["cell"]
-    roles = {f"{cell['dataset']}/{cell['size']}/{variant}/{init}/{design}/steps{cell['budget']}/"
-             for variant, init, design in decision["roles"]}
-    return any(key.startswith(role) for key in failed for role in roles)
 
 
 def read_runs(config: dict, state: dict) -> list:

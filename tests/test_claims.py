@@ -474,3 +474,41 @@ def test_a_claim_reads_its_cells_first_when_a_role_is_absent_or_cells_are_blocke
         "supported in the cells judged (1 of 4)"
     assert _overall("C1", "", cells(FAILS, NOT_EVALUABLE), []).verdict == "not supported in the cells judged (1 of 2)"
     assert _overall("C1", "", cells(HOLDS, HOLDS), []).verdict == "supported"
+
+
+def test_a_look_is_read_with_the_runs_it_has_and_keeps_them_out_when_read_again(tmp_path):
+    """Issue 55, item 4: under the driver (`decide_look`), a look whose run could not finish is read with the
+    seeds that paired, the run named, its degrees of freedom those seeds'; without the driver it waits for
+    the run. Recorded as dropped (`dropped_runs`), the run stays out of that look when it comes later, so a
+    past look reads the same; and each look pairs its own seeds: a later seed's run without predictions does
+    not turn an earlier look seeds-only."""
+    config = {**BASE, "variants": ["linA"], "seeds": [0, 1, 2], "sequential": {"looks": [3, 5]},
+              "claims": {"margin": 0.005, "min_seeds": 2}}
+    cells = list(all_cells(config))
+    lost = next(c for c in cells if c.init == "attn_only" and c.seed == 2)
+    for cell in cells:
+        if cell is not lost:
+            write_cell(tmp_path, cell, accuracy(cell), predictions=True)
+
+    def attn_alone(extra: dict):
+        cfg = {**config, **extra}
+        runs, _ = collect(cfg, tmp_path)
+        return next(v for v in evaluate_claims(runs, cfg) if v.claim == "C1").cells[0].test("attn_alone")
+
+    waits = attn_alone({})
+    assert waits.outcome == TOO_FEW and waits.note.startswith("look 1 waits for seeds 2")
+    read = attn_alone({"decide_look": 1})
+    assert read.outcome != TOO_FEW and [look["seeds"] for look in read.looks] == [2]
+    assert "runs dropped from look 1: " in read.looks[0]["note"] and "seed 2" in read.looks[0]["note"]
+    write_cell(tmp_path, lost, accuracy(lost), predictions=True)  # the run comes at look 2
+    again = attn_alone({"decide_look": 2, "dropped_runs": [{"look": 1, "runs": [lost.key]}]})
+    assert again.looks[0]["statistic"] == read.looks[0]["statistic"] and again.looks[0]["seeds"] == 2
+    # Look 2's seeds 3 and 4, one run without predictions: look 1 stays paired image by image.
+    added = [{"dataset": c.dataset, "size": c.size, "variant": c.variant, "init": c.init, "design": c.design,
+              "budget": c.budget, "seeds": [3, 4]} for c in cells if c.seed == 0]
+    for cell in all_cells({**config, "added_seeds": added}):
+        if cell.seed >= 3:
+            write_cell(tmp_path, cell, accuracy(cell), predictions=cell.seed == 3 or cell.init != "random")
+    both = attn_alone({"added_seeds": added, "decide_look": 2, "dropped_runs": [{"look": 1, "runs": [lost.key]}]})
+    assert both.looks[0]["statistic"] == read.looks[0]["statistic"]
+    assert len(both.looks) == 1 or both.looks[1]["seeds"] == 5

@@ -174,7 +174,7 @@ def test_a_dry_run_before_look_one_writes_no_folder(grid):
     assert out.returncode == 0, out.stderr
     assert not (tmp / "results").exists()
     assert "dry run of look 1 of 3 (2 seeds; the grid as configured)" in out.stdout
-    assert yaml.safe_load(calls(tmp)[0]["looks"][0]) == {"added_seeds": []}
+    assert yaml.safe_load(calls(tmp)[0]["looks"][0]) == {"added_seeds": [], "decide_look": 1}
 
 
 def test_dry_run_flags_as_snakemake_reads_them():

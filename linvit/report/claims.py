@@ -37,7 +37,7 @@ import pandas as pd
 
 from linvit.config import (CHECKPOINT, CHECKPOINTS, NO_DESIGN, ONE_TEACHER, budgets, pretrained, seed_sequence,
                            teacher_design)
-from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT, inits_of
+from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT, inits_of, run_key
 from linvit.report import sequential, stats
 from linvit.report.roles import (ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_MLP_DISTILL, MLP_ONLY, RANDOM,
                                  ROLES, RoleMatch, resolve_roles)
@@ -342,6 +342,11 @@ class _Cell:
                           self.predictions.get((r.dataset, r.size, r.variant, r.init, r.design, r.budget, r.seed)),
                           f"{self.label(role)} seed {r.seed}") for r in done.itertuples()]
 
+    def run_key(self, role: str, seed: int) -> str:
+        init, design = self.key(role)
+        variant = REFERENCE_VARIANT if role == REFERENCE else self.variant
+        return run_key(self.dataset, self.size, variant, init, seed, design, self.budget)
+
     def missing(self, roles: list[str]) -> str:
         """Why the roles cannot be compared here ('' when each has a finished run)."""
         unfinished = []
@@ -389,16 +394,17 @@ def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.S
     if why:
         out.note = why
         return out
+    runs = {role: cell.runs(role) for role in s.roles}
+    if cell.design is not None and test.decides and test.threshold is not None:
+        out.threshold = thresholds.value(test.threshold)
+        return _sequential_test(out, test, runs, cell, settings, k)
     try:
-        sample = stats.pair({role: cell.runs(role) for role in s.roles})
+        sample = stats.pair(runs)
     except stats.PairingError as err:
         out.note = f"runs cannot be paired: {err}"
         return out
     numerator, denominator = dict(s.numerator), dict(s.denominator) if s.denominator else None
     out.seeds, out.images = len(sample.seeds), sample.images
-    if cell.design is not None and test.decides and test.threshold is not None:
-        out.threshold = thresholds.value(test.threshold)
-        return _sequential_test(out, test, sample, cell.design, settings, k)
     if test.threshold is None:
         e = stats.estimate(sample, numerator, denominator, settings)
         out.outcome = ""
@@ -553,34 +559,76 @@ class Design:
 
     plan: sequential.Plan
     seeds: tuple[tuple[int, ...], ...]
+    # Written by linvit decide into the look's config: the look it runs now (read with the runs it has: one
+    # that could not finish is dropped from it and named), and each earlier look's dropped runs (run keys),
+    # which stay out of that look when it is read again. None: no driver, each look read once all its seeds
+    # have paired.
+    current: int | None = None
+    dropped: dict[int, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, config: dict) -> Design | None:
         plan = sequential.Plan.from_config(config)
         if plan is None:
             return None
-        return cls(plan, tuple(tuple(seed_sequence(config, n)) for n in plan.looks))
+        dropped = {int(d["look"]): frozenset(d["runs"]) for d in config.get("dropped_runs") or []}
+        return cls(plan, tuple(tuple(seed_sequence(config, n)) for n in plan.looks), config.get("decide_look"),
+                   dropped)
+
+    def reads(self, look: int, complete: bool) -> bool:
+        """Whether look `look` (1-based) is read: once all its seeds have paired, or, under the driver, when it
+        is the driver's look or an earlier one (with the runs it had)."""
+        return complete or (self.current is not None and look <= self.current)
 
 
-def _sequential_test(out: TestOutcome, test: Test, sample: stats.Sample, design: Design, settings: stats.Settings,
-                     k: int) -> TestOutcome:
-    """A deciding test read at its design's looks (linvit.report.sequential): the looks whose seeds have
-    all paired, the hold side at alpha, the fail side at alpha / k (k: its claim's deciding tests)."""
-    s = test.statistic
-    samples = []
-    for seeds in design.seeds:
-        part = sequential.look_sample(sample, seeds)
-        if part is None:
+def _sequential_test(out: TestOutcome, test: Test, runs: dict[str, list[stats.Run]], cell: _Cell,
+                     settings: stats.Settings, k: int) -> TestOutcome:
+    """A deciding test read at its design's looks (linvit.report.sequential), the hold side at alpha, the fail
+    side at alpha / k (k: its claim's deciding tests). Each look pairs its own seeds' runs (so a later run
+    never changes an earlier look's sample or mode) and is read once they have all paired or, under the
+    driver, at its look with the runs it has: a run that could not finish is dropped from that look and
+    named, and the look's information fraction is what its paired seeds give."""
+    s, design = test.statistic, cell.design
+    samples, notes = [], []
+    for j, seeds in enumerate(design.seeds):
+        dropped = design.dropped.get(j + 1, frozenset())
+        part = {role: [r for r in rs if r.seed in seeds and cell.run_key(role, r.seed) not in dropped]
+                for role, rs in runs.items()}
+        lacking = {role: sorted(set(seeds) - {r.seed for r in rs}) for role, rs in part.items()}
+        lacking = {role: missing for role, missing in lacking.items() if missing}
+        if not design.reads(j + 1, complete=not lacking):
             break
-        samples.append(part)
+        try:
+            sample = stats.pair(part)
+        except stats.PairingError:
+            sample = None
+        if sample is None or len(sample.seeds) < max(2, settings.min_seeds):
+            if not samples:  # look 1 cannot be read: too few of its runs finished
+                got = 0 if sample is None else len(sample.seeds)
+                out.outcome, out.seeds = TOO_FEW, got
+                out.note = (f"look 1 has {got} paired seed{'s' if got != 1 else ''} of {len(seeds)}"
+                            + (f" ({_lacking(cell, lacking)})" if lacking else ""))
+                return out
+            break
+        samples.append(sample)
+        notes.append(f"runs dropped from look {j + 1}: {_lacking(cell, lacking)}" if lacking else "")
     if not samples:
-        missing = sorted(set(design.seeds[0]) - set(sample.seeds))
+        missing = sorted(set(design.seeds[0]) - set.intersection(*({r.seed for r in rs} for rs in runs.values())))
         out.outcome, out.note = TOO_FEW, f"look 1 waits for seeds {', '.join(map(str, missing))}"
         return out
     result = sequential.sequential_test(samples, dict(s.numerator), dict(s.denominator) if s.denominator else None,
                                         out.threshold, test.side, design.plan, settings.alpha, settings.alpha / k)
+    for look, note in zip(result.looks, notes):
+        if note:
+            look.note = f"{look.note}; {note}" if look.note else note
     last = result.last
     out.outcome, out.stopped, out.looks = result.outcome, result.stopped, [look.as_dict() for look in result.looks]
     out.estimate, out.low, out.high, out.level, out.note = last.estimate, last.low, last.high, result.level, last.note
-    out.seeds = last.seeds
+    out.seeds, out.images = last.seeds, samples[len(result.looks) - 1].images
     return out
+
+
+def _lacking(cell: _Cell, lacking: dict[str, list[int]]) -> str:
+    """'attn_only seeds 3, 4; softmax reference seed 2' (the runs a look is read without)."""
+    return "; ".join(f"{cell.label(role)} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+                     for role, seeds in lacking.items())

@@ -376,8 +376,9 @@ def _interval(means, cov, ratio: bool, q_low: float, q_high: float) -> tuple[flo
 
 def sequential_test(samples: Sequence[stats.Sample], numerator, denominator, threshold: float, side: str,
                     plan: Plan, alpha: float, fail_alpha: float, fractions: Sequence[float] = ()) -> SequentialResult:
-    """Read a test at its looks. `samples[k]` is look k + 1's paired sample (its first looks[k] seeds);
-    fewer samples than looks: the later looks have not run. `fractions`: information fractions of earlier
+    """Read a test at its looks. `samples[k]` is look k + 1's paired sample (its first looks[k] seeds, or fewer
+    where a run could not finish: the look's fraction and degrees of freedom are then those of the seeds it
+    has); fewer samples than looks: the later looks have not run. `fractions`: information fractions of earlier
     looks as recorded (else computed from each look's own sample). Stops at the first look that decides
     (or, from plan.futility_from on, whose conditional power at the cap is below plan.futility)."""
     if side not in ("<=", ">="):
@@ -387,10 +388,11 @@ def sequential_test(samples: Sequence[stats.Sample], numerator, denominator, thr
     result = SequentialResult(CONTINUES, 0, 1 - alpha - fail_alpha)
     ts: list[float] = []
     for k, sample in enumerate(samples[:len(plan.looks)]):
-        n_k = plan.looks[k]
         n, means, cov, mean, per_seed, image = _parts(sample, numerator, denominator, threshold)
-        if n != n_k:
-            raise ValueError(f"look {k + 1} needs {n_k} paired seeds, its sample has {n}")
+        if not 2 <= n <= plan.looks[k]:
+            raise ValueError(f"look {k + 1} has at most {plan.looks[k]} paired seeds and at least 2, its sample "
+                             f"has {n}")
+        n_k = n  # a run that could not finish leaves its look fewer seeds: spent at the information it has
         if k < len(fractions):
             t = float(fractions[k])
         elif k == len(plan.looks) - 1:

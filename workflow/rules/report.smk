@@ -5,7 +5,8 @@ import glob
 
 REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "control_inits", "seeds", "budgets", "distills",
                         "distill_designs", "distill.loss", "student.train.steps", "student.train.batch_size",
-                        "teacher", "teachers", "datasets", "init_strategies", "claims", "sequential", "added_seeds")
+                        "teacher", "teachers", "datasets", "init_strategies", "claims", "sequential", "added_seeds",
+                        "decide_look", "dropped_runs")
 
 
 # `linvit bench` (the harness's own benchmarks) writes results/bench/<machine>.csv; as with the operator

@@ -231,6 +231,8 @@ def test_a_driver_killed_with_sigkill_is_refused_naming_the_live_snakemake(grid)
     tmp, _, env = grid
     proc, snakemake, job = start_sleeping_driver(tmp, env)
     try:
+        wait_for(lambda: f"snakemake pid {snakemake}" in (tmp / "results/decide/driver.lock").read_text(),
+                 "driver.lock to name the running Snakemake")
         proc.kill()  # kill -9 of the driver alone: its Snakemake runs on and holds the lock
         proc.wait(timeout=WAIT)
         out = subprocess.run(decide_cmd(tmp), cwd=REPO, env=env, capture_output=True, text=True, timeout=WAIT)

@@ -242,17 +242,12 @@ class Driver:
     def next_added(self, decisions: dict[str, dict], look: int, added: list[dict]) -> tuple[list[dict], list[str]]:
         """The runs look `look` + 1 adds to `added`: the next seeds of every role a continuing test of a
         continuing claim reads. Also the ids of the tests that wait for them."""
-        from .report.claims import NOT_EVALUABLE
+        from .report.claims import STILL_OPEN
         from .report.sequential import CONTINUES
-
-        # A claim still open in its cell: continuing, or not evaluable because one of its tests is blocked
-        # (a role the grid lacks), where a failure of another still stands (claims._judge): that test gets
-        # seeds too.
-        still_open = (CONTINUES, NOT_EVALUABLE)
 
         new_seeds = seed_sequence(self.config, self.plan.looks[look])[self.plan.looks[look - 1]:]
         waiting = [test_id for test_id, d in decisions.items()
-                   if d["outcome"] == CONTINUES and d["claim_outcome"] in still_open]
+                   if d["outcome"] == CONTINUES and d["claim_outcome"] in STILL_OPEN]
         roles = [(cell["dataset"], cell["size"], variant, init, design, int(cell["budget"]))
                  for t in waiting for cell in [decisions[t]["cell"]] for variant, init, design in decisions[t]["roles"]]
         return with_seeds(added, roles, new_seeds), waiting

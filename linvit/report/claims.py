@@ -422,6 +422,9 @@ def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.S
 
 OUTCOME_ORDER = (HOLDS, FAILS, INCONCLUSIVE, TOO_FEW, NOT_EVALUABLE)
 SEQUENTIAL_OUTCOMES = (sequential.CONTINUES, sequential.FUTILE)  # a sequential design's undecided cells
+# A claim cell whose continuing tests the next look gives seeds (linvit.decide.Driver.next_added): continuing,
+# or not evaluable because another of its tests is blocked (a failure of one still stands: _judge).
+STILL_OPEN = (sequential.CONTINUES, NOT_EVALUABLE)
 
 
 def _counts(cells: list[CellVerdict]) -> dict[str, int]:
@@ -511,7 +514,10 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings,
     cells = []
     for parts, failed in zip(rows, failures):
         first = parts[0]
-        cell = CellVerdict("C4", first.dataset, first.size, first.variant, first.budget, INCONCLUSIVE,
+        # Undecided by what the cells give: under a plan a claim fails here at its own level but not at the
+        # family's (Bonferroni), so the cell is undecided within the cap, never "inconclusive".
+        cell = CellVerdict("C4", first.dataset, first.size, first.variant, first.budget,
+                           INCONCLUSIVE if design is None else sequential.FUTILE,
                            parts={p.claim: p.outcome for p in parts})
         outcomes = [p.outcome for p in parts]
         if failed:

@@ -21,7 +21,7 @@ from linvit.decide import DecideError, read_state
 from linvit.grid import jobs as grid_jobs
 from linvit.report import sequential, stats
 from linvit.report.aggregate import COST_RULES, benchmark_jobs
-from linvit.report.claims import CLAIMS, NOT_EVALUABLE, ClaimVerdict, Design, TestOutcome
+from linvit.report.claims import CLAIMS, NOT_EVALUABLE, STILL_OPEN, ClaimVerdict, Design, TestOutcome
 from linvit.report.claims_text import UNDECIDED_AT_END, number
 from linvit.report.stats import INCONCLUSIVE
 
@@ -31,9 +31,6 @@ HOLD, FAIL, FUTILITY, CAP, CONTINUES, CLAIM_DONE, WAITS, UNEVALUABLE, ENDED = (
     "hold boundary", "fail boundary", "futility", "cap", "continues", "claim decided", "waits", "not evaluable",
     "ended")
 _STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
-# A claim cell whose continuing tests the driver gives the next look's seeds (linvit.decide.Driver.next_added):
-# continuing, or not evaluable because another test is blocked (a failure of one still stands).
-STILL_OPEN = (sequential.CONTINUES, NOT_EVALUABLE)
 
 
 @dataclass
@@ -172,7 +169,7 @@ def displayed(config: dict, verdicts: list[ClaimVerdict], results: str | Path) -
         if v.claim == "C4":
             m = len(CLAIMS) * len(v.cells)
             for cell in v.cells:
-                if cell.outcome == INCONCLUSIVE:
+                if cell.outcome in (INCONCLUSIVE, sequential.FUTILE) and stats.FAILS in cell.parts.values():
                     failed = [k for k, o in cell.parts.items() if o == stats.FAILS]
                     cell.why = cell.why or (f"{', '.join(failed)} {'fails' if len(failed) == 1 else 'fail'} here at "
                                             f"{'its' if len(failed) == 1 else 'their'} own level, not at "

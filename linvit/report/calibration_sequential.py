@@ -382,40 +382,72 @@ def _pct(x, digits: int = 1) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}%"
 
 
-def at_threshold_by_look(experiments: int = 12_000, seed: int = 2024, looks: tuple[int, ...] = LOOKS,
-                         spending: str = sequential.DEFAULT_PLAN["spending"]) -> pd.DataFrame:
-    """Scenario `at` (every deciding truth exactly at its threshold), no futility: per look, how often the
-    tests have held and failed by then, pooled over the tests of each fail alpha (C1 and C2's four shares at
-    1.25%, C3's difference at 2.5%), against what the spending function allows at that look's mean fraction.
-    Exactly at the threshold both rates are the design's own alpha (spent to that look) by construction."""
+AT_THRESHOLD_EXPERIMENTS = 20_000  # per test 20,000 paths a side: a 2.5% rate to +-0.11%, 1.25% to +-0.08%
+AT_THRESHOLD_SEED = 55  # the check's own draws (the 12,000 before it were generator seed 2024's)
+
+
+def at_threshold(experiments: int = AT_THRESHOLD_EXPERIMENTS, seed: int = AT_THRESHOLD_SEED,
+                 looks: tuple[int, ...] = LOOKS, spending: str = sequential.DEFAULT_PLAN["spending"],
+                 log=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Scenario `at` (every deciding truth exactly at its threshold), no futility, every deciding test through
+    sequential.sequential_test on the same draws: (the rates by look, pooled over the tests of each fail alpha,
+    `at_threshold_by_look`'s; the check, `threshold_check`'s: per test and pooled, how often it held and failed
+    over the whole sequence against its alpha + 2 Monte Carlo SEs)."""
     tests = deciding_tests()
     plan = sequential.Plan(tuple(looks), spending, futility=None)
     rng = np.random.default_rng(seed)
-    counts: dict = {}
-    for _ in range(experiments):
+    counts: dict = {}  # (test, look) -> the fractions' sum, tests read at that look, holds and fails there
+    started = time.time()
+    for e in range(experiments):
         full = _simulate(rng, SCENARIOS["at"], looks[-1], None, (PER_SEED,), TEACHER_SD)[0][0]
         samples = [sequential.look_sample(full, list(range(n))) for n in looks]
         for t in tests:
             r = sequential.sequential_test(samples, t.numerator, t.denominator, t.threshold, t.side, plan, ALPHA,
                                            t.fail_alpha)
             for look in r.looks:
-                c = counts.setdefault((t.fail_alpha, look.look), {"fraction": 0.0, "n": 0, "holds": 0, "fails": 0})
+                c = counts.setdefault((t.name, look.look), {"fraction": 0.0, "n": 0, "holds": 0, "fails": 0})
                 c["fraction"] += look.fraction
                 c["n"] += 1
             if r.outcome in (stats.HOLDS, stats.FAILS):
-                counts[t.fail_alpha, r.stopped][r.outcome] += 1
+                counts[t.name, r.stopped][r.outcome] += 1
+        if log and (e + 1) % 2000 == 0:
+            log(f"{e + 1:,} experiments in {time.time() - started:.0f} s")
+    empty = {"fraction": 0.0, "n": 0, "holds": 0, "fails": 0}
     rows = []
     for fail_alpha in sorted({t.fail_alpha for t in tests}):
-        paths = experiments * sum(t.fail_alpha == fail_alpha for t in tests)
+        group = [t.name for t in tests if t.fail_alpha == fail_alpha]
+        paths = experiments * len(group)
         held = failed = 0
         for k in range(1, len(looks) + 1):
-            c = counts.get((fail_alpha, k), {"fraction": 0.0, "n": 0, "holds": 0, "fails": 0})
-            held, failed = held + c["holds"], failed + c["fails"]
-            t = c["fraction"] / c["n"] if c["n"] else 1.0
+            c = [counts.get((name, k), empty) for name in group]
+            held, failed = held + sum(x["holds"] for x in c), failed + sum(x["fails"] for x in c)
+            n = sum(x["n"] for x in c)
+            t = sum(x["fraction"] for x in c) / n if n else 1.0
             rows.append({"fail_alpha": fail_alpha, "paths": paths, "look": k, "seeds": looks[k - 1],
                          "mean_fraction": t, "holds": held / paths, "holds_allowed": plan.spent(ALPHA, t),
                          "fails": failed / paths, "fails_allowed": plan.spent(fail_alpha, t)})
-    return pd.DataFrame(rows)
+    check = []
+    groups = [([t], f"{t.name} ({t.claim})") for t in tests] + [
+        ([t for t in tests if t.fail_alpha == a], "C1, C2's shares pooled" if a < ALPHA else "C3's difference")
+        for a in sorted({t.fail_alpha for t in tests}) if sum(t.fail_alpha == a for t in tests) > 1]
+    for group, name in groups:
+        paths = experiments * len(group)
+        row = {"tests": name, "paths": paths}
+        for side, alpha in (("holds", ALPHA), ("fails", group[0].fail_alpha)):
+            k = sum(counts.get((t.name, look), empty)[side] for t in group for look in range(1, len(looks) + 1))
+            rate, se = k / paths, math.sqrt(alpha * (1 - alpha) / paths)
+            row.update({side: rate, f"{side}_alpha": alpha, f"{side}_se": se, f"{side}_ok": rate <= alpha + 2 * se})
+        check.append(row)
+    return pd.DataFrame(rows), pd.DataFrame(check)
+
+
+def at_threshold_by_look(experiments: int = 12_000, seed: int = 2024, looks: tuple[int, ...] = LOOKS,
+                         spending: str = sequential.DEFAULT_PLAN["spending"]) -> pd.DataFrame:
+    """Scenario `at` (every deciding truth exactly at its threshold), no futility: per look, how often the
+    tests have held and failed by then, pooled over the tests of each fail alpha (C1 and C2's four shares at
+    1.25%, C3's difference at 2.5%), against what the spending function allows at that look's mean fraction.
+    Exactly at the threshold both rates are the design's own alpha (spent to that look) by construction."""
+    return at_threshold(experiments, seed, looks, spending)[0]
 
 
 def at_threshold_markdown(table: pd.DataFrame) -> str:
@@ -427,6 +459,19 @@ def at_threshold_markdown(table: pd.DataFrame) -> str:
         rows.append(f"| {who} ({_pct(r['fail_alpha'], 2)}, {int(r['paths']):,} paths) | {int(r['look'])} "
                     f"({int(r['seeds'])}) | {r['mean_fraction']:.3f} | {_pct(r['holds'], 2)} "
                     f"({_pct(r['holds_allowed'], 2)}) | {_pct(r['fails'], 2)} ({_pct(r['fails_allowed'], 2)}) |")
+    return "\n".join(rows)
+
+
+def threshold_check_markdown(check: pd.DataFrame) -> str:
+    """The check: per test (and pooled), held and failed over the whole sequence, each side against its alpha
+    + 2 Monte Carlo SEs (the SE of a rate at alpha over the paths)."""
+    head = ["test", "paths a side", "held (alpha; limit alpha + 2 SE)", "failed (alpha; limit)", "within"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in check.iterrows():
+        sides = [f"{_pct(r[s], 2)} ({_pct(r[f'{s}_alpha'], 2)}; {_pct(r[f'{s}_alpha'] + 2 * r[f'{s}_se'], 2)})"
+                 for s in ("holds", "fails")]
+        ok = "yes" if r["holds_ok"] and r["fails_ok"] else "NO"
+        rows.append(f"| {r['tests']} | {int(r['paths']):,} | {sides[0]} | {sides[1]} | {ok} |")
     return "\n".join(rows)
 
 
@@ -480,18 +525,24 @@ def t_conversion_markdown(table: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=SEQUENTIAL_CSV)
-    parser.add_argument("--experiments", type=int, default=EXPERIMENTS)
+    parser.add_argument("--experiments", type=int, default=None,
+                        help=f"experiments per scenario (default {EXPERIMENTS:,}; with --at-threshold "
+                             f"{AT_THRESHOLD_EXPERIMENTS:,})")
     parser.add_argument("--spending", choices=list(sequential.SPENDING), default=sequential.DEFAULT_PLAN["spending"])
     parser.add_argument("--at-threshold", action="store_true",
-                        help="print only the pooled check at the thresholds by look (12,000 experiments)")
+                        help="print only the check at the thresholds: the rates by look, pooled, and each test's "
+                             f"hold and fail sides against alpha + 2 Monte Carlo SEs ({AT_THRESHOLD_EXPERIMENTS:,} "
+                             "experiments unless --experiments says otherwise; about 10 minutes)")
     args = parser.parse_args(argv)
     started = time.time()
     if args.at_threshold:
-        print(at_threshold_markdown(at_threshold_by_look(spending=args.spending)))
+        experiments = AT_THRESHOLD_EXPERIMENTS if args.experiments is None else args.experiments
+        by_look, check = at_threshold(experiments, spending=args.spending, log=lambda line: print(line, flush=True))
+        print(at_threshold_markdown(by_look) + "\n\n" + threshold_check_markdown(check))
         print(f"\n{time.time() - started:.0f} s")
         return
     print(t_conversion_markdown(t_conversion_table()) + "\n", flush=True)
-    table = sequential_table(experiments=args.experiments, spending=args.spending,
+    table = sequential_table(experiments=args.experiments or EXPERIMENTS, spending=args.spending,
                              log=lambda line: print(line, flush=True))
     table.to_csv(args.out, index=False, float_format="%.6g")
     print(sequential_markdown(table))

@@ -322,3 +322,21 @@ def test_a_grid_without_a_plan_is_refused():
     out = run(["linvit", "decide", "--configfile", str(REPO / "workflow/config/default.yaml")], cwd=REPO,
               check=False)
     assert out.returncode != 0 and "no `sequential:` plan" in out.stderr
+
+
+def test_a_test_whose_images_dominate_reads_every_look():
+    """Seeds nearly identical, the test images' part nearly all the variance: look 1's fraction is near 1. Each
+    look keeps room below 1 for the looks after it, so fractions stay increasing and every look is read (two
+    looks clamped at the same 0.999 divided by zero in the boundary recursion)."""
+    rng = np.random.default_rng(55)
+    plan = seq.Plan((5, 10, 15, 20, 30), futility=None)
+    images = 400
+    item = rng.standard_normal(images)
+    item -= item.mean()  # at the threshold: the test continues
+    a = 1e-4 * rng.standard_normal((30, 1)) + item[None, :]
+    s = stats.Sample({"a": a, "b": np.zeros((30, images))}, list(range(30)), images, stats.SEEDS_AND_IMAGES)
+    result = seq.sequential_test([seq.look_sample(s, list(range(n))) for n in plan.looks], {"a": 1, "b": -1}, None,
+                                 0.0, ">=", plan, 0.025, 0.025)
+    fractions = [look.fraction for look in result.looks]
+    assert len(fractions) == 5 and fractions[0] > 0.99 and fractions[-1] == 1.0
+    assert all(b > a for a, b in zip(fractions, fractions[1:])), fractions

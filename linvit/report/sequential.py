@@ -400,8 +400,9 @@ def sequential_test(samples: Sequence[stats.Sample], numerator, denominator, thr
         else:
             info_now = per_seed / n_k + image
             t = (per_seed / plan.cap + image) / info_now if info_now > 0 else n_k / plan.cap
-            # Information only grows: a look whose variance estimate moved keeps a little above the last.
-            t = min(max(t, (ts[-1] if ts else 0.0) + 1e-3), 0.999)
+            # Information only grows: a look whose variance estimate moved keeps a little above the last, and
+            # below 1 by 1e-3 for each look after it (images-dominated: equal fractions would divide by zero).
+            t = min(max(t, (ts[-1] if ts else 0.0) + 1e-3), 1 - 1e-3 * (len(plan.looks) - 1 - k))
             # To 1e-3: a boundary moves by far less than a seed's worth, and equal fractions share one
             # integration (the calibration reads thousands of tests).
             t = round(t, 3)

@@ -18,8 +18,9 @@ from scipy import stats as sps
 from linvit.report import sequential
 from linvit.report.calibration import SCENARIOS
 from linvit.report.calibration_sequential import (ALPHA, DISTANCES, EXPERIMENTS, LOOKS, SEQUENTIAL_CSV, _jobs,
-                                                  deciding_tests, distance_scenarios, sequential_markdown,
-                                                  sequential_table, t_conversion_markdown, t_conversion_table)
+                                                  at_threshold, deciding_tests, distance_scenarios,
+                                                  images_part_table, sequential_markdown, sequential_table,
+                                                  t_conversion_markdown, t_conversion_table)
 
 DOCS = Path(__file__).parents[1] / "docs" / "statistics.md"
 
@@ -102,6 +103,25 @@ def test_a_small_run_shows_the_same():
     keyed = table.set_index(["statistic", "futility"])
     assert (keyed.xs("0.1", level="futility")["wrong_fails"] <= keyed.xs("none", level="futility")["wrong_fails"]
             ).all()
+
+
+def test_the_check_at_the_thresholds_reads_each_test_and_side():
+    """A small run of the check (the docs' is 20,000 experiments): every deciding test a row, and the shares
+    pooled, each side against its own alpha + 2 Monte Carlo SEs."""
+    by_look, check = at_threshold(experiments=30)
+    assert len(by_look) == 2 * len(LOOKS)
+    assert len(check) == 6 and set(check["paths"]) == {30, 120}
+    rows = check.set_index("tests")
+    assert rows.loc["matches (C3)", "fails_alpha"] == ALPHA and rows.loc["attn_alone (C1)", "fails_alpha"] == ALPHA / 2
+    assert rows.loc["matches (C3)", "holds_se"] == pytest.approx((ALPHA * (1 - ALPHA) / 30) ** 0.5)
+
+
+def test_with_seeds_alone_the_estimated_fractions_are_the_planned():
+    """The per-seed variance cancels in the fraction: without an images' part the engine's estimated fractions
+    are n_k / cap, so each path is read exactly as at its true fractions (the case t_alpha is calibrated on)."""
+    table = images_part_table(paths=40, shares=(0.0,)).iloc[0]
+    assert table["fractions_true"] == "0.167/0.333/0.500/0.667"
+    assert (table["estimated_holds"], table["estimated_fails"]) == (table["true_holds"], table["true_fails"])
 
 
 def test_the_distance_scenarios_put_each_test_its_distance_from_the_threshold(packaged):

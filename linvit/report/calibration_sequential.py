@@ -475,6 +475,50 @@ def threshold_check_markdown(check: pd.DataFrame) -> str:
     return "\n".join(rows)
 
 
+IMAGES_SHARES = (0.0, 0.1, 0.3)  # the test images' share of a contrast's variance at the cap
+
+
+def images_part_table(paths: int = 3000, seed: int = 7, looks: tuple[int, ...] = LOOKS, shares=IMAGES_SHARES,
+                      images: int = 200, spending: str = sequential.DEFAULT_PLAN["spending"]) -> pd.DataFrame:
+    """A difference exactly at its threshold whose variance at the cap is `share` test images' (an effect per
+    image that every seed shares, so the same at every look) and the rest normal seed noise, through
+    sequential.sequential_test with alpha 2.5% a side: how often it held and failed, with each look's fraction
+    estimated from its own variance (the engine's) and, on the same draws, at its true value (passed in as
+    recorded fractions). With seeds alone the two are the same (the per-seed variance cancels in the
+    fraction); with an images' part a look whose variance came out low both has a larger T and spends more."""
+    plan = sequential.Plan(tuple(looks), spending, futility=None)
+    cap, rng, rows = looks[-1], np.random.default_rng(seed), []
+    for share in shares:
+        w = share / (1 - share) / cap  # the images' part of the mean's variance, the per-seed variance 1
+        true = [round((1 / cap + w) / (1 / n + w), 3) for n in looks[:-1]]
+        counts = {(mode, side): 0 for mode in ("estimated", "true") for side in (stats.HOLDS, stats.FAILS)}
+        for _ in range(paths):
+            values = rng.standard_normal((cap, 1)) + math.sqrt(w * images) * rng.standard_normal(images)
+            full = stats.Sample({"a": values, "b": np.zeros_like(values)}, list(range(cap)), images,
+                                stats.SEEDS_AND_IMAGES)
+            samples = [sequential.look_sample(full, list(range(n))) for n in looks]
+            for mode, fractions in (("estimated", ()), ("true", true)):
+                r = sequential.sequential_test(samples, {"a": 1.0, "b": -1.0}, None, 0.0, ">=", plan, ALPHA, ALPHA,
+                                               fractions)
+                if r.outcome in (stats.HOLDS, stats.FAILS):
+                    counts[mode, r.outcome] += 1
+        rows.append({"share": share, "paths": paths, "fractions_true": "/".join(f"{t:.3f}" for t in true),
+                     **{f"{mode}_{side}": k / paths for (mode, side), k in counts.items()},
+                     "mc": math.sqrt(ALPHA * (1 - ALPHA) / paths)})
+    return pd.DataFrame(rows)
+
+
+def images_part_markdown(table: pd.DataFrame) -> str:
+    head = ["images' share of the variance at the cap", "true fractions", "paths",
+            "fractions estimated (the engine): held / failed", "fractions true: held / failed"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in table.iterrows():
+        rows.append(f"| {_pct(r['share'], 0)} | {r['fractions_true'].replace('/', ', ')} | {int(r['paths']):,} | "
+                    f"{_pct(r['estimated_holds'], 2)} / {_pct(r['estimated_fails'], 2)} | "
+                    f"{_pct(r['true_holds'], 2)} / {_pct(r['true_fails'], 2)} |")
+    return "\n".join(rows)
+
+
 def t_conversion_table(paths: int = T_CHECK_PATHS, seed: int = 1, looks_list=T_CHECK_LOOKS,
                        alphas=(ALPHA, ALPHA / 2)) -> pd.DataFrame:
     """How often one side's t boundaries are crossed by a paired t statistic of normal seeds (the fewest
@@ -533,8 +577,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="print only the check at the thresholds: the rates by look, pooled, and each test's "
                              f"hold and fail sides against alpha + 2 Monte Carlo SEs ({AT_THRESHOLD_EXPERIMENTS:,} "
                              "experiments unless --experiments says otherwise; about 10 minutes)")
+    parser.add_argument("--images-part", action="store_true",
+                        help="print only the images' part check: a difference at its threshold whose variance is "
+                             "partly the test images', fractions estimated and true (3,000 paths a share)")
     args = parser.parse_args(argv)
     started = time.time()
+    if args.images_part:
+        print(images_part_markdown(images_part_table(paths=args.experiments or 3000, spending=args.spending)))
+        print(f"\n{time.time() - started:.0f} s")
+        return
     if args.at_threshold:
         experiments = AT_THRESHOLD_EXPERIMENTS if args.experiments is None else args.experiments
         by_look, check = at_threshold(experiments, spending=args.spending, log=lambda line: print(line, flush=True))

@@ -168,3 +168,11 @@ def test_the_docs_show_the_packaged_tables(conversion):
     assert "## The sequential design" in docs and text in docs
     assert t_conversion_markdown(conversion) in docs
     assert "python -m linvit.report.calibration_sequential" in docs
+
+
+def test_the_docs_show_the_check_at_the_thresholds():
+    """docs/statistics.md carries the check's command and tables (their numbers are a 13-minute run's)."""
+    docs = DOCS.read_text()
+    assert "python -m linvit.report.calibration_sequential --at-threshold" in docs
+    assert "| test | paths a side | held (alpha; limit alpha + 2 SE) | failed (alpha; limit) | within |" in docs
+    assert "| matches (C3) | 20,000 |" in docs and "--images-part" in docs

@@ -284,7 +284,12 @@ def _t_alpha(looks: tuple[int, ...], spending: str, gamma: float, alpha: float) 
 
 def t_alpha(alpha: float, plan: Plan) -> float:
     """The alpha whose boundaries, converted to t (t_critical, n_k - 1 degrees of freedom), cross with
-    probability `alpha` for a paired t statistic of normal seeds at the plan's looks (see the module doc)."""
+    probability `alpha` for a paired t statistic of normal seeds at the plan's looks (see the module doc).
+    Calibrated at the planned fractions n_k / cap, which are exactly the fractions sequential_test estimates
+    with seeds alone (the per-seed variance cancels). With an images' part the estimated fractions spend a
+    little more where T is large, but n_k - 1 degrees of freedom are conservative there by more; converting at
+    a look's effective degrees of freedom would not be (calibration_sequential.images_part_table and
+    docs/statistics.md, "The t conversion, and its correction")."""
     if alpha <= 0 or len(plan.looks) < 2:
         return alpha
     return _t_alpha(tuple(plan.looks), plan.spending, float(plan.gamma), float(alpha))

@@ -12,6 +12,8 @@ is sequential.combine's.
 Reported per (scenario, futility, test or claim):
 
 - coverage: how often the repeated interval at the look where the test stopped (or the last) covers the truth;
+  an unbounded interval covers it, so `unbounded` says how often that interval was unbounded on a side (a
+  share whose benefit was not established at that side's boundary, which then decides nothing on it);
 - wrong_holds / wrong_fails: how often the test ended holding where the truth is on the fails side, or failing
   where the truth satisfies the claim (a truth exactly at the threshold does), over the whole sequence; the
   targets are alpha and fail_alpha (`alpha_holds`, `alpha_fails`);
@@ -66,6 +68,7 @@ DISTANCES = (-2, -1, 1, 2)  # SEs at the cap from the threshold (positive: the c
 SE_EXPERIMENTS = 200  # the SE at the cap: the root mean square of the engine's own SE over these
 COLUMNS = ["scenario", "images", "experiments", "looks", "spending", "futility", "statistic", "claim", "truth",
            "threshold", "side", "claim_true", "distance_se", "alpha_holds", "alpha_fails", "level", "coverage",
+           "unbounded",
            "wrong_holds", "wrong_fails", "holds", "fails", "undecided", "mean_seeds", "mean_jobs", "fixed_jobs",
            "naive_coverage", "naive_wrong_holds", "naive_wrong_fails", "naive_mean_seeds", "fixed_holds",
            "fixed_fails"]
@@ -188,6 +191,7 @@ def _experiment(samples, tests: list[Deciding], claims: dict[str, list[Deciding]
         for t in tests:
             r = results[t.name]
             out[f, t.name] = (r.outcome, r.stopped - 1, r.looks[-1].low <= truths[t.name] <= r.looks[-1].high)
+            out[f, t.name, "unbounded"] = not (math.isfinite(r.looks[-1].low) and math.isfinite(r.looks[-1].high))
         for c, parts in claims.items():
             outcome, k = _claim_path([results[t.name] for t in parts], len(looks))
             stops = {t.name: min(results[t.name].stopped - 1, k) for t in parts}
@@ -253,6 +257,7 @@ def sequential_table(experiments: int = EXPERIMENTS, seed: int = 0, scenarios: d
                     row.update(truth=truths[s], threshold=test.threshold, side=test.side,
                                distance_se=_distance(test, truths[s], sc, se), alpha_fails=test.fail_alpha,
                                level=1 - ALPHA - test.fail_alpha, coverage=np.mean([c for *_, c in seq]),
+                               unbounded=np.mean([r[f, s, "unbounded"] for r in runs]),
                                naive_coverage=np.mean([c for *_, c in naive]),
                                mean_jobs=np.mean([looks[k] for _, k, _ in seq]) * per_seed,
                                fixed_jobs=looks[-1] * per_seed)
@@ -307,7 +312,9 @@ def sequential_markdown(table: pd.DataFrame | None = None) -> str:
     summary = []
     for f, g in base.groupby("futility", sort=False):
         strict = g.loc[g["alpha_fails"] < ALPHA, "wrong_fails"].max()
-        summary.append(f"Futility {f}: lowest coverage {_pct(g['coverage'].min())}, most wrong holds "
+        summary.append(f"Futility {f}: lowest coverage {_pct(g['coverage'].min())} (an unbounded interval counts as "
+                       f"covering; at most {_pct(g['unbounded'].max())} of a test's final intervals were unbounded), "
+                       f"most wrong holds "
                        f"{_pct(g['wrong_holds'].max())}, most wrong fails {_pct(g['wrong_fails'].max())} (in C1 and "
                        f"C2's tests, whose target is 1.25%: {_pct(strict)})")
     naive = base[base["futility"] == base["futility"].iloc[0]]
@@ -333,8 +340,8 @@ def _claim_text(row) -> str:
 
 def _calibration_rows(base: pd.DataFrame) -> str:
     head = ["statistic", "scenario (test images)", "truth", "claim", "wrong would be (target)",
-            "coverage (futility 0.1 / none)", "wrong (futility 0.1 / none)", "mean seeds (futility 0.1 / none)",
-            "naive rereading: wrong", "naive: coverage", "naive: mean seeds"]
+            "coverage (futility 0.1 / none)", "of them unbounded", "wrong (futility 0.1 / none)",
+            "mean seeds (futility 0.1 / none)", "naive rereading: wrong", "naive: coverage", "naive: mean seeds"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for (statistic, scenario), g in base.groupby(["statistic", "scenario"], sort=False):
         g = g.set_index("futility")
@@ -343,8 +350,10 @@ def _calibration_rows(base: pd.DataFrame) -> str:
         risk = f"fails ({_pct(first['alpha_fails'], 2)})" if true else f"holds ({_pct(first['alpha_holds'], 2)})"
         wrong = "wrong_fails" if true else "wrong_holds"
         covered = "" if math.isnan(first["coverage"]) else " / ".join(_pct(g.loc[f, "coverage"]) for f in g.index)
+        unbounded = "" if math.isnan(first["unbounded"]) else " / ".join(_pct(g.loc[f, "unbounded"]) for f in g.index)
         cells = [statistic, f"{scenario} ({int(first['images'])})",
                  "" if math.isnan(first["truth"]) else f"{first['truth']:+.3f}", _claim_text(first), risk, covered,
+                 unbounded,
                  " / ".join(_pct(g.loc[f, wrong], 2) for f in g.index),
                  " / ".join(f"{g.loc[f, 'mean_seeds']:.1f}" for f in g.index),
                  _pct(first[f"naive_{wrong}"], 2), _pct(first["naive_coverage"]), f"{first['naive_mean_seeds']:.1f}"]

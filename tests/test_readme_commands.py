@@ -50,6 +50,7 @@ SHELL_FENCES = ("bash", "sh", "shell", "console", "zsh")
 # (pattern for the whole command, check): the first pattern that matches decides.
 CHECKS = [
     (r"bash setup\.sh(?: (?P<case>\w+))?", "setup_sh"),
+    (r"linvit decide --help", "help"),
     (r"(?:bash setup\.sh decide|linvit decide)(?P<args>(?: .*)?)", "decide"),
     (r"sbatch --wrap \"linvit decide(?P<args>(?: .*)?)\"", "decide"),
     (r"source \.venv/bin/activate", "venv"),

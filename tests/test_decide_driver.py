@@ -191,8 +191,11 @@ def test_dry_run_flags_as_snakemake_reads_them():
 def start_sleeping_driver(tmp: Path, env: dict) -> tuple[subprocess.Popen, int, int]:
     """`linvit decide` in a session of its own (as at a terminal), its fake snakemake sleeping with a job."""
     log = open(tmp / "driver.err", "w")
+    # SIGINT at its default, as at a terminal: a suite started in the background by a non-interactive shell
+    # (`bash -c '... &'`) inherits SIGINT ignored, which the driver rightly leaves alone (as under nohup).
     proc = subprocess.Popen(decide_cmd(tmp), cwd=REPO, env={**env, "FAKE_SNAKEMAKE": "sleep"},
-                            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     log.close()
     pids = wait_for(lambda: (tmp / "fake/pids").exists() and (tmp / "fake/pids").read_text().split(),
                     "the fake snakemake to start its job")

@@ -255,12 +255,17 @@ def _check_sequential(config: dict) -> None:
             Plan.from_config(config)
         except ValueError as err:
             raise ConfigError(str(err)) from None
+    from .registry import SOFTMAX
+
     for i, a in enumerate(config.get("added_seeds") or []):
         key = f"added_seeds[{i}]"
-        if a["init"] != REFERENCE_INIT:
+        reference = a["init"] == REFERENCE_INIT
+        if not reference:
             _known("init strategy", f"{key}.init", [a["init"]], config["inits"])
+        # The softmax reference is trained as softmax whether or not `variants` lists the softmax control.
+        variants = [SOFTMAX] if reference else config["variants"]
         for field, names in (("dataset", config["targets"]), ("size", config["sizes"]),
-                             ("variant", config["variants"]), ("budget", budgets(config))):
+                             ("variant", variants), ("budget", budgets(config))):
             _known(field, f"{key}.{field}", [a[field]], names)
         if a["design"] not in [NO_DESIGN, *design_specs(config)]:
             raise ConfigError(f"config key {key}.design: unknown design {a['design']!r}")

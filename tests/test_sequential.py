@@ -254,6 +254,19 @@ def test_added_seeds_add_runs_and_their_teachers_only():
                      for s in (5, 6))}
 
 
+def test_added_seeds_of_the_softmax_reference_need_no_softmax_control():
+    """The reference trains as softmax whether or not `variants` lists the softmax control, so a look may add
+    its seeds in a grid of linear variants alone (the driver does, for C3's test; it was refused as an unknown
+    variant and stopped the sequence at look 2); a reference under a linear variant's name is refused."""
+    config = {**base_config(), "variants": ["elu"]}
+    added = {"dataset": "fmnist_5to9", "size": "micro", "variant": "softmax", "init": "reference", "design": "none",
+             "budget": 200, "seeds": [5]}
+    more = validate({**config, "added_seeds": [added]})
+    assert "reference fmnist_5to9/micro/softmax/reference/none/steps200/seed5" in {j.name for j in grid.jobs(more)}
+    with pytest.raises(ConfigError, match=r"added_seeds\[0\]\.variant"):
+        validate({**config, "added_seeds": [{**added, "variant": "elu"}]})
+
+
 @pytest.mark.parametrize("change, message", [
     ({"init": "copy_attn_x"}, "added_seeds[0].init"),
     ({"seeds": [4, 5]}, "seeds 4 are configured seeds already"),

@@ -267,8 +267,9 @@ def test_decide_runs_the_smoke_grid_through_sbatch(slurm_cluster, tmp_path):
     (`--set-resources student:gpu=1`, as paper.yaml's do): the plugin submits `--gpus=1`, the cluster's `gpu`
     GRES (plain files for devices) grants it and `scontrol -d show job` shows it in the job's allocation; the
     jobs that do not ask get none. (No device: the job still trains on the CPU.)"""
-    # C1's roles (copy_mlp, attn_only): its tests stay undecided at 2 seeds. C3's alone would not: at these few
-    # steps every model predicts one class, so its statistic is infinite and it holds at look 1.
+    # C1's roles (copy_mlp, attn_only): its tests stay undecided at 2 seeds. So does C3's: at these few steps
+    # every model predicts one class, so its contrast has no variance, which is no test (the softmax reference
+    # then gets seed 2 too, though `variants` lists no softmax control).
     inits = ["random", "copy_all", "copy_mlp", "attn_only", "copy_mlp_distill"]
     config = dict(SMOKE, targets=["synthetic"], inits=inits, seeds=[0, 1], claims={"min_seeds": 2},
                   sequential={"looks": [2, 3]})

@@ -145,21 +145,50 @@ class Driver:
         return (f"Change it back, or start a new sequence: move {self.folder} away (its looks are then forgotten; runs "
                 f"whose settings changed retrain), or run in another --directory")
 
-    def check_config(self, state: dict) -> None:
+    def check_config(self, state: dict) -> list[tuple[str, str, str, int]]:
         """Everything that decides (`deciding`) reads as at the last recorded look; else one line naming the key.
-        Called before Snakemake runs, so a changed setting never retrains a decided look's runs."""
+        Called before Snakemake runs, so a changed setting never retrains a decided look's runs. The one change
+        taken: cells added to the grid's axes (`ADDABLE`, each axis a superset of what it was) while a look is to
+        come; they are returned (dataset, size, variant, budget) for `seed_cells`."""
         if not state["looks"] or "decides" not in state:  # nothing decided yet, or a state from before it was kept
-            return
-        said = changes(state["decides"], deciding(self.config))
-        if said:
-            more = f" (and {len(said) - 1} more: {'; '.join(said[1:3])}{' ...' if len(said) > 3 else ''})" \
-                if len(said) > 1 else ""
-            key = said[0].split(":")[0]
-            cell = (" A cell added mid-sequence would miss the past looks' seeds, and C4 reads across the cells: "
-                    "run it as a sequence of its own." if key in CELL_KEYS else "")
-            raise DecideError(f"{self.state_path}: the config changed after look {state['looks'][-1]['look']}: "
-                              f"{said[0]}{more}; a sequence's looks are read under one config.{cell} "
-                              + self.new_sequence)
+            return []
+        now = deciding(self.config)
+        said = changes(state["decides"], now)
+        if not said:
+            return []
+        grown = grown_axes(state["decides"], now)
+        last = state["looks"][-1]["look"]
+        if grown is not None and state["next"] is not None:
+            return linear_cells(self.config) - linear_cells({**self.config, **grown})
+        more = f" (and {len(said) - 1} more: {'; '.join(said[1:3])}{' ...' if len(said) > 3 else ''})" \
+            if len(said) > 1 else ""
+        if grown is not None:  # cells added after the last look: no look is left to read them
+            raise DecideError(f"{self.state_path}: cells were added after the sequence ended at look {last}: "
+                              f"{said[0]}{more}; no look is left to read them. " + self.new_sequence)
+        key = said[0].split(":")[0]
+        cell = (" A cell is added by extending targets, sizes, variants or budgets (their past values kept); "
+                "another axis or a removal would change what the decided looks read." if key in CELL_KEYS else "")
+        raise DecideError(f"{self.state_path}: the config changed after look {last}: "
+                          f"{said[0]}{more}; a sequence's looks are read under one config.{cell} "
+                          + self.new_sequence)
+
+    def seed_cells(self, state: dict, cells, say=print) -> None:
+        """Give `cells` (added mid-sequence) every seed up to the next look: each role a deciding test of theirs
+        reads gets the seeds the grid's own `seeds` lack (the base seeds train as for any cell), so the report
+        reads their tests at every look, on that look's seeds, as if they had been there from look 1. Recorded
+        in the next look (`cells_added`) and `decides`; in `state` only (run() saves it, a dry run does not)."""
+        look = state["next"]["look"]
+        seeds = seed_sequence(self.config, self.plan.looks[look - 1])
+        roles = deciding_roles(self.config)
+        runs = [(dataset, size, v, init, design, budget)
+                for dataset, size, variant, budget in sorted(cells) for v, init, design in roles(variant)]
+        state["next"]["added"] = with_seeds(state["next"]["added"], runs, seeds[len(self.config["seeds"]):])
+        keys = [f"{d}/{s}/{v}/steps{b}" for d, s, v, b in sorted(cells)]
+        state["next"]["cells_added"] = list(dict.fromkeys([*state["next"].get("cells_added", []), *keys]))
+        state["decides"] = deciding(self.config)
+        say(f"decide: {len(keys)} cell{'s' if len(keys) != 1 else ''} added before look {look} "
+            f"({', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}): the roles of their tests get seeds "
+            f"{seeds[0]}-{seeds[-1]}, and the report reads them at every look on that look's seeds")
 
     def save_state(self, state: dict) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -183,7 +212,9 @@ class Driver:
         """A dry run (`linvit decide -n`): Snakemake's dry run of the current look, and what the driver would do
         after it. Nothing is recorded (no state, no look.yaml, no lock: a running driver's folder is only read)."""
         state = self.load_state()
-        self.check_config(state)
+        added_cells = self.check_config(state)
+        if added_cells:
+            self.seed_cells(state, added_cells, say)
         if state["next"] is None:
             say(f"decide: dry run: the sequence is done after look {state['looks'][-1]['look']} (nothing to run; "
                 f"nothing recorded)")
@@ -211,32 +242,23 @@ class Driver:
     def decisions(self) -> dict[str, dict]:
         """Every deciding test of a linear cell, as the report judged it: id -> outcome, the look it stopped at,
         its looks, the roles it reads and its claim's outcome in the cell (report/claims.json)."""
-        from .report.claims import CLAIMS, REFERENCE
-        from .report.roles import resolve_roles
-
         path = self.report / "claims.json"
         try:
             verdicts = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise DecideError(f"{path}: cannot read the look's verdicts ({err})") from None
-        tests = {t.statistic.name: t for c in CLAIMS for t in c.deciding}
-        matches = resolve_roles(self.config)
+        roles = deciding_roles(self.config)
         out = {}
         for verdict in verdicts:
             for cell in verdict["cells"]:  # the linear variants' cells: the control decides nothing
                 key = f"{cell['dataset']}/{cell['size']}/{cell['variant']}/steps{cell['budget']}"
                 for t in cell["tests"]:
-                    if not t["decides"] or t["name"] not in tests:
+                    if not t["decides"] or t["name"] not in roles.tests:
                         continue
-                    roles = []
-                    for role in tests[t["name"]].statistic.roles:
-                        if role == REFERENCE:
-                            roles.append((REFERENCE_VARIANT, REFERENCE_INIT, NO_DESIGN))
-                        elif matches[role].key is not None:
-                            roles.append((cell["variant"], *matches[role].key))
                     out[f"{verdict['claim']} {key} {t['name']}"] = {
                         "claim": verdict["claim"], "claim_outcome": cell["outcome"], "outcome": t["outcome"],
-                        "stopped": t.get("stopped", 0), "looks": t.get("looks", []), "cell": cell, "roles": roles}
+                        "stopped": t.get("stopped", 0), "looks": t.get("looks", []), "cell": cell,
+                        "roles": roles(cell["variant"], t["name"])}
         return out
 
     def next_added(self, decisions: dict[str, dict], look: int, added: list[dict]) -> tuple[list[dict], list[str]]:
@@ -337,7 +359,9 @@ class Driver:
         lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         lock.flush()
         state = self.load_state()
-        self.check_config(state)  # before Snakemake: a changed setting would retrain decided runs
+        added_cells = self.check_config(state)  # before Snakemake: a changed setting would retrain decided runs
+        if added_cells:
+            self.seed_cells(state, added_cells, say)
         self.save_state(state)
         snakemake_args = keep_going(snakemake_args)
         while True:
@@ -360,6 +384,8 @@ class Driver:
             self.check_past(state, decisions)
             record = {"look": look, "seeds": n, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "added": added,
                       "failed": failed, "tests": {}}
+            if state["next"].get("cells_added"):
+                record["cells_added"] = state["next"]["cells_added"]
             for test_id, d in decisions.items():
                 at = next((x for x in d["looks"] if x["look"] == look), None)
                 if at is not None:
@@ -389,7 +415,7 @@ def same(a: float, b: float) -> bool:
 # memory, time: how jobs are scheduled, not what they compute) and the driver's own added_seeds. Every other
 # key decides, a key the schema gains later included, until it is named here.
 NOT_DECIDING = ("description", "resources", "added_seeds")
-# The cells' axes: a cell added mid-sequence would miss the past looks' seeds (docs/statistics.md).
+# The cells' axes and roles: a change other than a cell added (ADDABLE) would change what decided looks read.
 CELL_KEYS = ("targets", "sizes", "variants", "budgets", "inits", "control_inits", "distills")
 LONG = 120  # a value whose JSON is longer is recorded as its digest (the key is still named)
 
@@ -437,6 +463,58 @@ def changes(before: dict[str, str], now: dict[str, str]) -> list[str]:
     first (an init dropped from `inits` is named before its strategy's settings, which go with it)."""
     return [f"{k}: {before.get(k, '(not set)')} -> {now.get(k, '(not set)')}"
             for k in sorted({*before, *now}, key=lambda k: (k.count("."), k)) if before.get(k) != now.get(k)]
+
+
+# The axes a cell is added by mid-sequence (Driver.seed_cells): each a list that keeps its past values.
+ADDABLE = ("targets", "sizes", "variants", "budgets")
+
+
+def grown_axes(before: dict[str, str], now: dict[str, str]) -> dict[str, list] | None:
+    """Where every change between two `deciding` records is cells added (an ADDABLE axis grown, its past values
+    kept, and the definitions of datasets it newly uses): each grown axis's values before. Else None."""
+    grown = {}
+    for key in {*before, *now}:
+        if before.get(key) == now.get(key):
+            continue
+        if key.startswith("datasets.") and key not in before:
+            continue  # a new target's definition (the record holds the datasets the grid uses)
+        try:
+            old, new = json.loads(before[key]), json.loads(now[key])
+        except (KeyError, ValueError):  # a key one side lacks, or a digest
+            return None
+        if key not in ADDABLE or not isinstance(old, list) or not isinstance(new, list) or not set(old) <= set(new):
+            return None
+        grown[key] = old
+    return grown
+
+
+def linear_cells(config: dict) -> set[tuple[str, str, str, int]]:
+    """The grid's linear cells (dataset, size, variant, budget): those whose tests decide."""
+    return {(c.dataset, c.size, c.variant, c.budget) for c in all_cells(config)
+            if not c.is_reference and not c.is_control}
+
+
+class deciding_roles:
+    """The runs each deciding test of a linear cell reads, as (variant, init, design) in its cell: its roles'
+    strategies (resolved from the config's init strategies) and the softmax reference where it reads it.
+    Called with a variant and a test's name (one test), or a variant alone (every deciding test, each run once)."""
+
+    def __init__(self, config: dict):
+        from .report.claims import CLAIMS, REFERENCE
+        from .report.roles import resolve_roles
+
+        self.reference = REFERENCE
+        self.tests = {t.statistic.name: t.statistic.roles for c in CLAIMS for t in c.deciding}
+        self.matches = resolve_roles(config)
+
+    def __call__(self, variant: str, test: str | None = None) -> list[tuple[str, str, str]]:
+        runs = []
+        for role in (self.tests[test] if test else [r for rs in self.tests.values() for r in rs]):
+            if role == self.reference:
+                runs.append((REFERENCE_VARIANT, REFERENCE_INIT, NO_DESIGN))
+            elif self.matches[role].key is not None:
+                runs.append((variant, *self.matches[role].key))
+        return list(dict.fromkeys(runs))
 
 
 # --- the runs the looks read (after the last look, each must still be there and whole) ----------------------

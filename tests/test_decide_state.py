@@ -112,7 +112,7 @@ def make_runs(tmp: Path, config: dict = TINY, skip=()) -> list[grid.Cell]:
     ({"claims": {**TINY["claims"], "level": 0.9}}, "claims.level: 0.95 -> 0.9"),
     ({"student": {"train": {**TINY["student"]["train"], "lr": 2.0e-3}}}, "student.train.lr: 0.001 -> 0.002"),
     ({"seeds": [0, 2]}, "seeds: [0, 1] -> [0, 2]"),
-    ({"budgets": [4, 8]}, "budgets: [4] -> [4, 8]"),
+    ({"variants": ["relu"]}, 'variants: ["elu"] -> ["relu"]'),  # a cell removed: its decided looks would go
     ({"inits": TINY["inits"][:-1]}, "inits: "),
     # a strategy's description is in its jobs' params: Snakemake would retrain its runs
     ({"init_strategies": {**TINY["init_strategies"], "random": {**TINY["init_strategies"]["random"],
@@ -129,8 +129,42 @@ def test_a_setting_that_decides_changed_after_look_one_is_refused_before_snakema
     assert "move " in refused and "results/decide away" in refused  # how to start a new sequence
     assert len(fake.calls) == 2  # refused before Snakemake could retrain look 1's runs under the change
     assert (tmp_path / "results/decide/state.json").read_text() == before
-    if "budgets" in change:  # a cell added: why it is not given the past looks' seeds
-        assert "run it as a sequence of its own" in refused
+    if "variants" in change:  # a cell removed: what may change instead
+        assert "A cell is added by extending targets, sizes, variants or budgets" in refused
+
+
+def test_a_cell_added_mid_sequence_gets_every_seed_up_to_the_next_look(fake, tmp_path):
+    """A budget added after look 1: look 2's runs give the new cell's roles the seeds up to look 2 (its base
+    seeds train as the grid's), the refusal of other changes stays, and a cell added after the end is refused."""
+    fake.steps({"claims": claims("continues")}, {"code": 2})
+    drive(tmp_path)
+    grown = {**TINY, "budgets": [4, 8]}
+    refused, said = drive(tmp_path, grown)
+    assert "look 2: snakemake exited 2" in refused and len(fake.calls) == 3  # look 2 ran, with the new cell
+    assert any("1 cell added before look 2 (synthetic/micro/elu/steps8)" in line for line in said)
+    nxt = state(tmp_path)["next"]
+    assert nxt["cells_added"] == ["synthetic/micro/elu/steps8"]
+    new = {(a["variant"], a["init"], a["design"]): a["seeds"] for a in nxt["added"] if a["budget"] == 8}
+    tests = {t.statistic.name for c in CLAIMS for t in c.deciding}
+    assert len(tests) > 1 and ("softmax", "reference", "none") in new and ("elu", "random", "none") in new
+    assert set(map(tuple, new.values())) == {(2,)}  # seeds 0-1 are the grid's; look 2 has 3 seeds
+    old = [a for a in nxt["added"] if a["budget"] == 4]
+    assert all(a["seeds"] == [2] for a in old)  # the continuing tests of the first cell, as before
+    look = (tmp_path / "results/decide/look.yaml").read_text()
+    assert "budget: 8" in look
+    refused, _ = drive(tmp_path, grown)  # the change is recorded: the rerun resumes without adding again
+    assert state(tmp_path)["next"] == nxt
+    refused, _ = drive(tmp_path, {**grown, "budgets": [8]})  # a cell removed is still refused
+    assert "budgets: [4, 8] -> [8]" in refused
+    decided = claims("holds", looks=(1, 2))
+    for test in (t for c in decided for cell in c["cells"] for t in cell["tests"]):
+        test["looks"][0]["outcome"] = "continues"  # as recorded at look 1
+    fake.steps({"claims": decided})
+    make_runs(tmp_path, {**grown, "added_seeds": nxt["added"]})  # look 2's runs, the new cell's included
+    refused, _ = drive(tmp_path, grown)
+    assert refused is None and state(tmp_path)["looks"][-1]["cells_added"] == ["synthetic/micro/elu/steps8"]
+    refused, _ = drive(tmp_path, {**grown, "budgets": [4, 8, 16]})
+    assert "cells were added after the sequence ended at look 2" in refused
 
 
 def test_settings_that_decide_nothing_may_change_and_a_default_written_out_is_no_change(fake, tmp_path):

@@ -326,7 +326,9 @@ def _looks_run(d: Decisions) -> str:
                 "the looks its finished seeds allow.")
     done = "; ".join(f"look {r.get('look')} ({r.get('seeds')} seeds, "
                      + (f"{_added(r)} runs added in all" if r.get("added") else "the grid as configured")
-                     + f", finished {r.get('finished', 'n/a')})" for r in d.looks_run)
+                     + f", finished {r.get('finished', 'n/a')}"
+                     + (f"; cells added before it: {', '.join(r['cells_added'])}, given every seed up to it"
+                        if r.get("cells_added") else "") + ")" for r in d.looks_run)
     if not d.next_look:
         after = " The sequence is finished."
     else:
@@ -335,6 +337,9 @@ def _looks_run(d: Decisions) -> str:
         after = (" This report is look 1's, the grid as configured." if k == 1 else
                  f" This report is look {k}'s, run for the {len(d.next_look.get('waiting') or [])} tests undecided "
                  f"after look {k - 1}.")
+        if d.next_look.get("cells_added"):
+            after += (f" Cells added before it ({', '.join(d.next_look['cells_added'])}) have every seed up to it, "
+                      f"and their tests are read at every look on that look's seeds.")
         if d.ended:
             after += (" It is the cap's: the sequence ends with it." if k == len(d.plan.looks) else
                       " No test is left for a later look to add seeds to: the sequence ends with it.")

@@ -180,6 +180,7 @@ def check_names(config: dict) -> None:
         _check_replicates(config, size)
     datasets = config["datasets"]
     _known("dataset", "targets", config["targets"], datasets)
+    _check_cells(config)
     trained = trained_sizes(config)
     if trained:
         teacher = config.get("teacher", {})
@@ -269,6 +270,10 @@ def _check_sequential(config: dict) -> None:
             _known(field, f"{key}.{field}", [a[field]], names)
         if a["design"] not in [NO_DESIGN, *design_specs(config)]:
             raise ConfigError(f"config key {key}.design: unknown design {a['design']!r}")
+        cell = (a["dataset"], a["size"], a["variant"], int(a["budget"]))
+        if not any(c == cell or (reference and (c[0], c[1], c[3]) == (cell[0], cell[1], cell[3]))
+                   for c in grid_cells(config)):
+            raise ConfigError(f"config key {key}: {'/'.join(map(str, cell))} is not a cell of the grid (`cells`)")
         again = sorted(set(map(int, a["seeds"])) & set(map(int, config["seeds"])))
         if again:
             raise ConfigError(f"config key {key}.seeds: seeds {', '.join(map(str, again))} are configured seeds "
@@ -445,6 +450,49 @@ def init_strategy(config: dict, init: str) -> dict:
 def budgets(config: dict) -> list[int]:
     """The students' training budgets (stage 2 steps): the `budgets` axis, else student.train.steps."""
     return [int(b) for b in config.get("budgets") or [get(config, "student.train.steps")]]
+
+
+AXES = (("target", "targets"), ("size", "sizes"), ("variant", "variants"), ("budget", "budgets"))
+
+
+def grid_cells(config: dict) -> frozenset[tuple[str, str, str, int]]:
+    """The grid's cells (target dataset, size, variant, budget) that train: the full product of the axes by
+    default; with `cells: {around: {target, size, variant, budget}}` the center and, for each axis, each of its
+    values with the other axes at the center's (one axis at a time); with `cells: [{...}, ...]` those listed.
+    Each listed cell's runs are every init strategy (and design) and seed, as in the product; the softmax
+    reference is trained at every (target, size, budget) a cell uses."""
+    values = {axis: (budgets(config) if axis == "budgets" else list(config[axis])) for _, axis in AXES}
+    spec = config.get("cells")
+    if spec is None:
+        return frozenset((d, s, v, b) for d in values["targets"] for s in values["sizes"]
+                         for v in values["variants"] for b in values["budgets"])
+    if isinstance(spec, dict):  # around a center
+        center = tuple(spec["around"][field] for field, _ in AXES)
+        out = {center}
+        for i, (_, axis) in enumerate(AXES):
+            out |= {center[:i] + (value,) + center[i + 1:] for value in values[axis]}
+        return frozenset((d, s, v, int(b)) for d, s, v, b in out)
+    return frozenset((c["target"], c["size"], c["variant"], int(c["budget"])) for c in spec)
+
+
+def _check_cells(config: dict) -> None:
+    """`cells`' values are on their axes, and every value of an axis is in some cell (an axis value no cell
+    uses would train teachers and shards for nothing)."""
+    spec = config.get("cells")
+    if spec is None:
+        return
+    values = {axis: (budgets(config) if axis == "budgets" else list(config[axis])) for _, axis in AXES}
+    listed = [("cells.around", spec["around"])] if isinstance(spec, dict) else \
+        [(f"cells[{i}]", c) for i, c in enumerate(spec)]
+    for key, cell in listed:
+        for field, axis in AXES:
+            _known(field, f"{key}.{field}", [cell[field]], values[axis])
+    cells = grid_cells(config)
+    for i, (field, axis) in enumerate(AXES):
+        unused = [v for v in values[axis] if not any(c[i] == v for c in cells)]
+        if unused:
+            raise ConfigError(f"config key {axis}: {unused[0]!r} is in no cell of `cells` (list it in a cell, or "
+                              f"remove it from {axis})")
 
 
 def design_specs(config: dict) -> dict[str, dict]:

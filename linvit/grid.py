@@ -30,8 +30,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import (CHECKPOINT, CHECKPOINTS, NO_DESIGN, REFERENCE_INIT, budgets, checkpoint, designs, kd_reference,
-                     teacher_design, teacher_seed, trained_sizes)
+from .config import (CHECKPOINT, CHECKPOINTS, NO_DESIGN, REFERENCE_INIT, budgets, checkpoint, designs, grid_cells,
+                     kd_reference, teacher_design, teacher_seed, trained_sizes)
 from .registry import SOFTMAX
 
 # The softmax reference runs the teacher's own attention; it is identified by its init (REFERENCE_INIT),
@@ -238,10 +238,11 @@ def student_cells(config: dict) -> list[Cell]:
     """Every (target dataset, size, variant, init strategy, design, budget, seed) the config asks for:
     a distilling init strategy once per design it takes (linvit.config.designs). A softmax variant
     gives the control students (their init a strategy's, never 'reference'), by `inits_of`."""
+    listed = grid_cells(config)
     cells = [Cell(d, s, v, i, int(seed), design, int(b))
              for d in config["targets"] for s in config["sizes"] for v in config["variants"]
              for i in inits_of(config, v) for design in designs(config, i) for b in budgets(config)
-             for seed in config["seeds"]]
+             for seed in config["seeds"] if (d, s, v, int(b)) in listed]
     return cells + [c for c in added_cells(config) if not c.is_reference]
 
 
@@ -255,16 +256,19 @@ def added_cells(config: dict) -> list[Cell]:
 def reference_cells(config: dict) -> list[Cell]:
     """The softmax reference per (target, size, budget, seed): the teacher trained on the target with
     the students' budget."""
+    used = {(d, s, b) for d, s, _, b in grid_cells(config)}
     cells = [Cell(d, s, REFERENCE_VARIANT, REFERENCE_INIT, int(seed), NO_DESIGN, int(b))
              for d in config["targets"] for s in config["sizes"] for b in budgets(config)
-             for seed in config["seeds"]]
+             for seed in config["seeds"] if (d, s, int(b)) in used]
     return cells + [c for c in added_cells(config) if c.is_reference]
 
 
 def distill_cells(config: dict) -> list[Cell]:
-    """One student cell per distillation the grid runs (the smallest budget stands for all)."""
-    first = min(budgets(config))
-    return [c for c in student_cells(config) if c.distills and c.budget == first]
+    """One student cell per distillation the grid runs (its cell's smallest budget stands for all)."""
+    first: dict[tuple, int] = {}
+    for d, s, v, b in grid_cells(config):
+        first[d, s, v] = min(b, first.get((d, s, v), b))
+    return [c for c in student_cells(config) if c.distills and c.budget == first[c.dataset, c.size, c.variant]]
 
 
 def all_cells(config: dict) -> list[Cell]:

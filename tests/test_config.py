@@ -138,6 +138,14 @@ def test_budgets_default_to_the_students_steps():
     ({"distill_designs__both": {"losses": ["map_ce"], "phases": [{"losses": ["map_ce"]}]}},
      r"config key distill_designs.both: give either `losses` \(one phase\) or `phases`, not both"),
     ({"distill_designs__neither": {"freeze": False}}, r"config key distill_designs.neither: give either .* neither is given"),
+    # One axis at a time (issue 57): a center off its axes, an axis value no cell uses, a cell of a misspelt key.
+    ({"cells": {"around": {"target": "fmnist_5to9", "size": "micro", "variant": "relu", "budget": 200}}},
+     r"config key cells.around.variant: unknown variant 'relu'; known variants: elu, softmax$"),
+    ({"budgets": [200, 800], "cells": [{"target": "fmnist_5to9", "size": "micro", "variant": v, "budget": 200}
+                                       for v in ("elu", "softmax")]},
+     r"config key budgets: 800 is in no cell of `cells`"),
+    ({"cells": [{"target": "fmnist_5to9", "size": "micro", "variant": "elu", "steps": 200}]},
+     r"config key cells: .* is not valid under any of the given schemas"),
     # A rule that does not exist (the removed evaluate job, a typo) would be silently ignored.
     ({"resources__evaluate": {"threads": 1}}, r"^config key resources: 'evaluate' is not one of \['scale', 'shards'"),
 ])

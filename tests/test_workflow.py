@@ -251,6 +251,30 @@ def test_replicated_and_pretrained_teachers_are_grid_jobs(tmp_path):
     assert_plan_is_grid_jobs(out.stdout, config)
 
 
+def test_a_grid_of_one_axis_at_a_time_plans_only_its_cells(tmp_path):
+    """`cells: {around: ...}` (issue 57): the center and each axis varied with the others at the center's value,
+    not the product. Snakemake plans exactly grid.jobs; nothing trains outside the listed cells (no student or
+    reference of synthetic_b at 6 steps, no elu at 6 steps or on synthetic_b); each (target, size, variant)
+    distils once, at its smallest budget."""
+    config = yaml.safe_load((REPO / "workflow/config/smoke.yaml").read_text())
+    config.update(variants=["focused", "elu"], cells={"around": {"target": "synthetic", "size": "micro",
+                                                                 "variant": "focused", "budget": 3}})
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
+    out = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(tmp_path / "grid.yaml"))
+    assert_plan_is_grid_jobs(out.stdout, config)
+    students = {(c.dataset, c.variant, c.budget) for c in grid.student_cells(config)}
+    assert students == {("synthetic", "focused", 3), ("synthetic_b", "focused", 3), ("synthetic", "elu", 3),
+                        ("synthetic", "focused", 6)}
+    assert {(c.dataset, c.budget) for c in grid.reference_cells(config)} == {("synthetic", 3), ("synthetic_b", 3),
+                                                                              ("synthetic", 6)}
+    assert {(c.dataset, c.variant, c.budget) for c in grid.distill_cells(config)} == {
+        ("synthetic", "focused", 3), ("synthetic_b", "focused", 3), ("synthetic", "elu", 3)}
+    full = {k: v for k, v in config.items() if k != "cells"}
+    assert len(grid.student_cells(full)) == 2 * len(grid.student_cells(config))  # 8 cells of the product, 4 listed
+    listed = {**full, "cells": [{"target": d, "size": "micro", "variant": v, "budget": b} for d, v, b in students]}
+    assert grid.jobs(listed) == grid.jobs(config)  # the same cells listed one by one
+
+
 def test_shell_commands_take_paths_from_declared_files_only():
     """No rule re-spells a results path: every path reaches the shell through input/output/params/log."""
     for smk in (REPO / "workflow/rules").glob("*.smk"):

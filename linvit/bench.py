@@ -50,19 +50,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from .bench_rows import COLUMNS, row, say  # noqa: F401 (row: the benchmarks' rows, read as bench.row)
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "workflow" / "config" / "default.yaml"
-COLUMNS = ["benchmark", "metric", "value", "unit", "target", "meets", "machine"]
 BENCHMARKS = ("train", "loader", "plan", "jobcost", "shards", "grid", "status")
 ALL = ("train", "loader", "plan", "jobcost", "shards")  # `all`: the ones that make their own data (grid reads a finished run)
 RECORDED_JOB_S = 28.9  # a 1-step student's total before issue 10 (README: Harness benchmarks)
 TRAIN_RATIO, LOADER_RATIO, PLAN_S, JOB_FRACTION, GRID_RATIO = 0.95, 5.0, 15.0, 0.5, 1.2
 STATUS_S = 5.0  # `linvit status` on the paper grid's 4,004 jobs (issue 48)
 PAPER_CONFIG = REPO / "workflow" / "config" / "paper.yaml"
-
-
-def say(text: str) -> None:
-    print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
 def _slug(text: str) -> str:
@@ -84,11 +81,6 @@ def machine_slug() -> str:
     except Exception:  # noqa: BLE001 - no usable CUDA: a CPU machine
         pass
     return "-".join(p for p in parts if p)
-
-
-def row(benchmark: str, metric: str, value: float, unit: str, target: str = "", meets: bool | None = None) -> dict:
-    return {"benchmark": benchmark, "metric": metric, "value": value, "unit": unit, "target": target,
-            "meets": "" if meets is None else bool(meets)}
 
 
 def save(rows: list[dict], out_dir: str | Path, machine: str | None = None) -> Path:

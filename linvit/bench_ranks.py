@@ -26,19 +26,16 @@ from __future__ import annotations
 import multiprocessing
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .bench_rows import row, say
+
 BYTES_RATIO, RATE_RATIO = 1.2, 1.0
 FIELD = 1024  # side of the texture fields images are cut from
-
-
-def say(text: str) -> None:
-    print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
 def _fields(rng: np.random.Generator, count: int = 4) -> list[np.ndarray]:
@@ -132,7 +129,6 @@ def bench_loader_ranks(ranks: list[int], *, shards: str | Path | None = None, im
                        batch: int = 64, size: int = 224) -> list[dict]:
     """Rows of `linvit bench loader --ranks`: one process, then each N in `ranks` (see the module
     docstring). Without `shards`, `images` ImageNet-like JPEGs (10 classes) are made and sharded."""
-    from .bench import row
     from .data.shards import write_shards
     from .data.transforms import Pipeline
 

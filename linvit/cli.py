@@ -321,13 +321,16 @@ def build_parser() -> argparse.ArgumentParser:
     decide = sub.add_parser(
         "decide", help="run a grid with a sequential plan look by look, adding seeds only where a claim's test is "
                        "undecided (every other argument goes to snakemake)",
-        usage="%(prog)s [--configfile FILE [FILE ...]] [--directory DIR] [-n] [SNAKEMAKE ARGS ...]",
+        usage="%(prog)s [CONFIG] [--configfile FILE [FILE ...]] [--directory DIR] [-n] [SNAKEMAKE ARGS ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a grid with a sequential plan (its `sequential:` section) look by look: Snakemake runs "
                     "each look,\nthe report judges it, and the next look adds seeds only to the roles of the tests "
                     "still undecided.\nIt records the looks in results/decide/state.json and resumes there when "
                     "rerun.",
         epilog="options the driver reads (it passes them on to Snakemake too):\n"
+               "  CONFIG                        a grid's config (.yaml), run under its own `sequential:` plan, "
+               "or\n"
+               "                                workflow/config/decide.yaml's where it has none\n"
                "  --configfile FILE [FILE ...]  the grid's config files, merged as Snakemake merges them; one of "
                "them\n"
                "                                holds the plan (default: workflow/config/default.yaml\n"

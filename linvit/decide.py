@@ -566,9 +566,30 @@ def broken_runs(cells, results: str | Path = RESULTS) -> list[tuple[str, str, li
     return out
 
 
+def grid_config(rest: list[str]) -> tuple[list[str], list[str]]:
+    """`linvit decide CONFIG [ARGS]`: an argument naming a .yaml/.yml file outside --configfile is the grid's
+    config, run under its own `sequential:` plan or, where it has none, the shipped plan (DEFAULT_CONFIGS'
+    decide.yaml) laid over it. (Its config files, the other arguments.) Snakemake's targets here are rules and
+    results files, never a YAML file."""
+    named = [a for a in rest if a.endswith((".yaml", ".yml")) and not a.startswith("-")]
+    if not named:
+        return [], rest
+    if len(named) > 1:
+        raise DecideError(f"{' and '.join(named)}: one grid config at a time (give more with --configfile)")
+    path = Path(named[0])
+    if not path.is_file():
+        raise DecideError(f"{path}: no such config file")
+    try:
+        plan = [] if "sequential" in load_config(path) else [DEFAULT_CONFIGS[1]]
+    except ConfigError as err:
+        raise DecideError(f"{path}: {err}") from None
+    return [str(path), *plan], [a for a in rest if a != named[0]]
+
+
 def main(argv: list[str]) -> None:
     files, rest, directory = split_args(argv)
-    files = files or list(DEFAULT_CONFIGS)
+    config, rest = grid_config(rest)
+    files = [*config, *files] or list(DEFAULT_CONFIGS)
     # A killed look leaves jobs Snakemake marks incomplete: rerunning them is how the driver resumes (the
     # training jobs continue from their checkpoints).
     if "--rerun-incomplete" not in rest and "--ri" not in rest:

@@ -219,3 +219,20 @@ def test_a_continuing_test_of_a_blocked_claim_still_gets_seeds(tmp_path):
     added, waiting = driver.next_added(decisions, 1, [])
     assert waiting == ["C1 a attn_on_top"]
     assert {a["init"]: a["seeds"] for a in added} == {"copy_all": [2], "copy_mlp": [2], "random": [2]}
+
+
+def test_setup_decide_runs_a_config_under_its_own_plan_or_the_shipped_one(tmp_path):
+    """`bash setup.sh decide CONFIG` (issue 57): a config with a `sequential:` plan runs under it; one without
+    gets workflow/config/decide.yaml's laid over it (here refused in one line: its first look is 5 seeds, the
+    config has 2). Dry runs: nothing trains or is recorded."""
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(TINY))
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "sequential"}))
+    out = run(["bash", "setup.sh", "decide", str(tmp_path / "tiny.yaml"), "-n", "--directory", str(tmp_path)],
+              cwd=REPO)
+    assert "dry run of look 1 of 2 (2 seeds; the grid as configured)" in out.stdout
+    assert not (tmp_path / "results/decide/state.json").exists()
+    out = run(["bash", "setup.sh", "decide", str(tmp_path / "plain.yaml"), "-n", "--directory", str(tmp_path)],
+              cwd=REPO, check=False)
+    assert out.returncode != 0
+    assert f"{tmp_path / 'plain.yaml'} + workflow/config/decide.yaml: config key sequential.looks: starts at 5" \
+        in out.stderr

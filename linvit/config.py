@@ -249,9 +249,9 @@ def seed_sequence(config: dict, n: int) -> list[int]:
 
 
 def _check_sequential(config: dict) -> None:
-    """The plan (linvit.report.sequential.Plan) and the runs a look added: each names a cell of the grid."""
+    """The plan (linvit.stats.sequential.Plan) and the runs a look added: each names a cell of the grid."""
     if "sequential" in config:
-        from .report.sequential import Plan  # scipy: only for a grid that has a plan
+        from .stats.sequential import Plan  # scipy: only for a grid that has a plan
         try:
             Plan.from_config(config)
         except ValueError as err:

@@ -4,7 +4,7 @@ is still undecided.
     linvit decide [SNAKEMAKE ARGS]        e.g. --cores 2, or --profile slurm; --configfile as Snakemake's
 
 Look 1 is the grid as configured. After each look the report rule has judged every deciding test at
-its looks (linvit.report.sequential, through linvit.report.claims); the driver records each test's
+its looks (linvit.stats.sequential, through linvit.claims.judge); the driver records each test's
 decision (decided at look k, continuing, or stopped for futility) in results/decide/state.json, and the
 next look's seeds go only to the roles a continuing test of an undecided claim needs (the softmax
 reference too where that test reads it; with a teacher per seed, those seeds' teachers follow from the
@@ -106,7 +106,7 @@ class Driver:
     """One sequential run over a results folder: its state, its lock, and the looks."""
 
     def __init__(self, config: dict, files: list[str], results: str | Path = RESULTS, report: str | Path = REPORT):
-        from .report.claims import Design
+        from .claims.table import Design
 
         self.config, self.files = config, files
         self.design = Design.from_config(config)
@@ -242,30 +242,33 @@ class Driver:
     def decisions(self) -> dict[str, dict]:
         """Every deciding test of a linear cell, as the report judged it: id -> outcome, the look it stopped at,
         its looks, the roles it reads and its claim's outcome in the cell (report/claims.json)."""
+        from dataclasses import asdict
+
+        from .claims.verdicts import read_verdicts
+
         path = self.report / "claims.json"
         try:
-            verdicts = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
+            verdicts = read_verdicts(path)
+        except (OSError, ValueError) as err:  # ValueError: not JSON (json.JSONDecodeError), or not verdicts
             raise DecideError(f"{path}: cannot read the look's verdicts ({err})") from None
         roles = deciding_roles(self.config)
         out = {}
         for verdict in verdicts:
-            for cell in verdict["cells"]:  # the linear variants' cells: the control decides nothing
-                key = f"{cell['dataset']}/{cell['size']}/{cell['variant']}/steps{cell['budget']}"
-                for t in cell["tests"]:
-                    if not t["decides"] or t["name"] not in roles.tests:
+            for cell in verdict.cells:  # the linear variants' cells: the control decides nothing
+                for t in cell.tests:
+                    if not t.decides or t.name not in roles.tests:
                         continue
-                    out[f"{verdict['claim']} {key} {t['name']}"] = {
-                        "claim": verdict["claim"], "claim_outcome": cell["outcome"], "outcome": t["outcome"],
-                        "stopped": t.get("stopped", 0), "looks": t.get("looks", []), "cell": cell,
-                        "roles": roles(cell["variant"], t["name"])}
+                    out[f"{verdict.claim} {cell.key} {t.name}"] = {
+                        "claim": verdict.claim, "claim_outcome": cell.outcome, "outcome": t.outcome,
+                        "stopped": t.stopped, "looks": t.looks, "cell": asdict(cell),
+                        "roles": roles(cell.variant, t.name)}
         return out
 
     def next_added(self, decisions: dict[str, dict], look: int, added: list[dict]) -> tuple[list[dict], list[str]]:
         """The runs look `look` + 1 adds to `added`: the next seeds of every role a continuing test of a
         continuing claim reads. Also the ids of the tests that wait for them."""
-        from .report.claims import STILL_OPEN
-        from .report.sequential import CONTINUES
+        from .claims.verdicts import STILL_OPEN
+        from .stats.sequential import CONTINUES
 
         new_seeds = seed_sequence(self.config, self.plan.looks[look])[self.plan.looks[look - 1]:]
         waiting = [test_id for test_id, d in decisions.items()
@@ -429,8 +432,8 @@ def deciding(config: dict) -> dict[str, str]:
     from dataclasses import asdict
 
     from .config import designs
-    from .report.claims import Design, Thresholds
-    from .report.stats import Settings
+    from .claims.table import Design, Thresholds
+    from .stats.paired import Settings
 
     given = {k: v for k, v in config.items() if k not in NOT_DECIDING}
     given["sequential"] = Design.from_config(config).plan.as_dict()
@@ -500,8 +503,8 @@ class deciding_roles:
     Called with a variant and a test's name (one test), or a variant alone (every deciding test, each run once)."""
 
     def __init__(self, config: dict):
-        from .report.claims import CLAIMS, REFERENCE
-        from .report.roles import resolve_roles
+        from .claims.roles import resolve_roles
+        from .claims.table import CLAIMS, REFERENCE
 
         self.reference = REFERENCE
         self.tests = {t.statistic.name: t.statistic.roles for c in CLAIMS for t in c.deciding}

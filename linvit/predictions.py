@@ -3,7 +3,7 @@
 `run_student` writes, from the final evaluation that gives the run's test accuracy, the predicted
 and true label of every test image in the split's fixed (manifest) order, with what identifies that
 test set: the number of images and a digest of the split's shards (sample counts and sha256, in
-order). Two runs are paired image by image only when both match (linvit.report.stats checks).
+order). Two runs are paired image by image only when both match (linvit.stats.pairing checks).
 
     pred     int16 (n,)  predicted class of each test image
     label    int16 (n,)  its label

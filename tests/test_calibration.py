@@ -1,4 +1,4 @@
-"""The verdicts are calibrated: on simulated grids whose truth is known (linvit.report.calibration), with
+"""The verdicts are calibrated: on simulated grids whose truth is known (linvit.claims.calibration), with
 a teacher effect on every role that comes from the teacher and the truth taken over teachers, at 3, 5
 and 10 seeds with 2,000 experiments each, a teacher per seed (the default) gives 95% intervals that
 cover the truth at least 93% of the time and verdicts wrong at most 2.5% of the time; one teacher for
@@ -16,12 +16,12 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from linvit.report import stats
-from linvit.report.calibration import (COVERAGE_CSV, EXPERIMENTS, SCENARIOS, SEEDS, TEACHER_DESIGNS, TEACHER_ROLES,
+from linvit.claims.calibration import (COVERAGE_CSV, EXPERIMENTS, SCENARIOS, SEEDS, TEACHER_DESIGNS, TEACHER_ROLES,
                                        TEACHER_SD, coverage_markdown, coverage_table, simulate_sample)
-from linvit.report.claims import CLAIMS, REFERENCE
+from linvit.claims.table import CLAIMS, REFERENCE
+from linvit.stats import paired
 
-ALPHA = stats.Settings().alpha
+ALPHA = paired.Settings().alpha
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_the_packaged_table_is_the_one_the_code_makes(full):
     assert rows(coverage_markdown(table)) == rows(text)
     # One design alone: what a report of that design shows.
     assert "One teacher" not in coverage_markdown(designs=("per_seed",))
-    # docs/statistics.md shows the packaged table (paste `python -m linvit.report.calibration`'s output).
+    # docs/statistics.md shows the packaged table (paste `python -m linvit.claims.calibration`'s output).
     assert text in (Path(__file__).parents[1] / "docs" / "statistics.md").read_text()
 
 
@@ -161,7 +161,7 @@ def test_the_teacher_effect_is_per_teacher_and_role():
     """With no seed noise and a large teacher effect: under a teacher per seed a teacher-derived role's
     seeds differ by SD teacher_sd / sqrt 2 (a difference of two such roles: teacher_sd) and random's do not;
     under one teacher every seed has the same, so the role's mean sits off the truth by that one draw."""
-    from linvit.report.calibration import Scenario
+    from linvit.claims.calibration import Scenario
 
     still = Scenario(20000, {"random": (0.5, 0.0), "copy_all": (0.7, 0.0), REFERENCE: (0.8, 0.0)})
     sd = 0.04

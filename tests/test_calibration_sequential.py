@@ -1,4 +1,4 @@
-"""The sequential design is calibrated (linvit.report.calibration_sequential): on simulated grids whose truth is
+"""The sequential design is calibrated (linvit.claims.calibration_sequential): on simulated grids whose truth is
 known (a teacher per seed, looks at 5, 10, 15, 20, 30 seeds), its repeated intervals cover the truth at the
 stopping look at least 93% of the time and its verdicts are wrong no more often than each side's alpha, with
 futility and without; naive rereading of the fixed-n test at the same looks is wrong far more often; the
@@ -15,12 +15,12 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from linvit.report import sequential
-from linvit.report.calibration import SCENARIOS
-from linvit.report.calibration_sequential import (ALPHA, DISTANCES, EXPERIMENTS, LOOKS, SEQUENTIAL_CSV, _jobs,
-                                                  at_threshold, deciding_tests, distance_scenarios,
-                                                  images_part_table, sequential_markdown, sequential_table,
-                                                  t_conversion_markdown, t_conversion_table)
+from linvit.claims.calibration import SCENARIOS
+from linvit.claims.calibration_sequential import SEQUENTIAL_CSV, sequential_markdown, t_conversion_markdown
+from linvit.claims.sequential_simulation import (ALPHA, DISTANCES, EXPERIMENTS, LOOKS, _jobs, at_threshold,
+                                                 deciding_tests, distance_scenarios, images_part_table,
+                                                 sequential_table, t_conversion_table)
+from linvit.stats import sequential
 
 DOCS = Path(__file__).parents[1] / "docs" / "statistics.md"
 
@@ -167,12 +167,12 @@ def test_the_docs_show_the_packaged_tables(conversion):
     docs = DOCS.read_text()
     assert "## The sequential design" in docs and text in docs
     assert t_conversion_markdown(conversion) in docs
-    assert "python -m linvit.report.calibration_sequential" in docs
+    assert "python -m linvit.claims.calibration_sequential" in docs
 
 
 def test_the_docs_show_the_check_at_the_thresholds():
     """docs/statistics.md carries the check's command and tables (their numbers are a 13-minute run's)."""
     docs = DOCS.read_text()
-    assert "python -m linvit.report.calibration_sequential --at-threshold" in docs
+    assert "python -m linvit.claims.calibration_sequential --at-threshold" in docs
     assert "| test | paths a side | held (alpha; limit alpha + 2 SE) | failed (alpha; limit) | within |" in docs
     assert "| matches (C3) | 20,000 |" in docs and "--images-part" in docs

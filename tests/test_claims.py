@@ -10,11 +10,13 @@ import math
 import pytest
 from test_report import CONFIG, write_cell
 
+from linvit.claims.judge import evaluate_claims
+from linvit.claims.table import CLAIMS, Thresholds
+from linvit.claims.verdicts import NOT_EVALUABLE, CellVerdict
 from linvit.grid import all_cells
-from linvit.report import CLAIMS, collect, evaluate_claims
-from linvit.report.claims import NOT_EVALUABLE, CellVerdict, Thresholds
+from linvit.report import collect, load_predictions
 from linvit.report.claims_text import claims_markdown, control_markdown, mde_markdown, rules_markdown
-from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
+from linvit.stats.paired import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
 
 # Per variant, each role's accuracy (the reference is 0.80). linA: every claim holds; linB: every one fails.
 ACC = {
@@ -39,7 +41,7 @@ def verdicts_of(tmp_path, config: dict, acc=accuracy) -> dict:
     for cell in all_cells(config):
         write_cell(tmp_path, cell, acc(cell), predictions=True)
     runs, _ = collect(config, tmp_path)
-    return {v.claim: v for v in evaluate_claims(runs, config)}
+    return {v.claim: v for v in evaluate_claims(runs, config, load_predictions(runs))}
 
 
 def test_each_claim_is_one_entry_whose_roles_come_from_its_statistics():
@@ -214,8 +216,9 @@ def test_thresholds_are_checked_in_one_line():
 
 
 def test_c4_fails_a_cell_only_when_the_failure_survives_holm():
-    from linvit.report.claims import ClaimVerdict, _c4
-    from linvit.report.stats import Settings
+    from linvit.claims.judge import _c4
+    from linvit.claims.verdicts import ClaimVerdict
+    from linvit.stats.paired import Settings
 
     config = {**BASE, "variants": ["linA", "linB"]}
 
@@ -238,9 +241,11 @@ def _judged(monkeypatch, outcomes: dict, order: list[str]):
     p_fails[, note])): the cell's combined verdict and its Bonferroni p-value."""
     from types import SimpleNamespace
 
-    from linvit.report import claims as claims_module
-    from linvit.report.claims import Claim, TestOutcome, _judge
-    from linvit.report.stats import Settings
+    from linvit.claims import judge as claims_module
+    from linvit.claims.judge import _judge
+    from linvit.claims.table import Claim
+    from linvit.claims.verdicts import TestOutcome
+    from linvit.stats.paired import Settings
 
     tests = {t.statistic.name: t for c in CLAIMS for t in c.tests}
     def run_test(test, cell, thresholds, settings, k=1):
@@ -274,8 +279,9 @@ def test_a_cells_p_value_takes_nothing_from_tests_with_too_few_seeds(monkeypatch
 def test_c4_fails_where_a_claim_fails_beside_a_share_without_p_value(monkeypatch):
     """The defect the order made: C1 fails in the cell on attn_on_top while attn_alone has no p-value;
     C4 must read the cell as failing, not inconclusive (one cell, so Holm over its 3 claims)."""
-    from linvit.report.claims import ClaimVerdict, _c4
-    from linvit.report.stats import Settings
+    from linvit.claims.judge import _c4
+    from linvit.claims.verdicts import ClaimVerdict
+    from linvit.stats.paired import Settings
 
     c1 = _judged(monkeypatch, {"attn_alone": (INCONCLUSIVE, math.nan), "attn_on_top": (FAILS, 1e-4)},
                  ["attn_alone", "attn_on_top"])
@@ -294,8 +300,9 @@ def test_c4_corrects_failures_across_every_budget():
     x 3 claims Holm's first step is 0.025 / 12. A failure at p 0.003 survives a budget's own correction
     (0.025 / 6) but not the grid's, so C4 calls that cell inconclusive; at p 0.001 it fails at that
     budget only. "Holds everywhere" needs no correction: every cell holding at 2.5% is enough."""
-    from linvit.report.claims import ClaimVerdict, _c4
-    from linvit.report.stats import Settings
+    from linvit.claims.judge import _c4
+    from linvit.claims.verdicts import ClaimVerdict
+    from linvit.stats.paired import Settings
 
     config = {**BASE, "variants": ["linA", "linB"], "budgets": [100, 400]}
 
@@ -352,7 +359,7 @@ def test_an_undecided_test_says_how_many_seeds_would_decide_it(tmp_path):
 
 
 def test_every_verdict_says_what_its_intervals_are_over(tmp_path):
-    from linvit.report.claims import intervals_over
+    from linvit.claims.judge import intervals_over
     from linvit.report.claims_text import verdicts_table
 
     config = {**BASE, "variants": ["linA"]}
@@ -423,8 +430,9 @@ def test_c4s_holm_family_is_every_claim_cell_and_budget_tested_or_not():
     """C2's benefit is established in neither cell (no p-value): the family is still 3 claims x 2 cells, so C1's
     failure at p 0.005 needs 0.025 / 6 = 0.0042 and does not stand; counting only the 4 p-values (0.025 / 4
     = 0.00625) would let it."""
-    from linvit.report.claims import ClaimVerdict, _c4
-    from linvit.report.stats import Settings
+    from linvit.claims.judge import _c4
+    from linvit.claims.verdicts import ClaimVerdict
+    from linvit.stats.paired import Settings
 
     def claim(name, outcomes_p):
         cells = [CellVerdict(name, "dsA", "tiny", v, 100, o, p_fails=p) for v, (o, p) in zip(["linA", "linB"],
@@ -439,16 +447,16 @@ def test_c4s_holm_family_is_every_claim_cell_and_budget_tested_or_not():
 
 
 def test_each_deciding_test_sizes_its_seeds_to_fail_at_its_claims_bonferroni_level(tmp_path, monkeypatch):
-    """stats.test is told k, the claim's deciding tests (C1, C2: 2; C3: 1), so that seeds_needed counts a
+    """paired.test is told k, the claim's deciding tests (C1, C2: 2; C3: 1), so that seeds_needed counts a
     failure at alpha / k as the claim reads it; a reported test decides nothing (k 1)."""
-    from linvit.report import claims as claims_module
+    from linvit.claims import judge as claims_module
 
-    seen, test = {}, claims_module.stats.test
+    seen, test = {}, claims_module.paired.test
 
     def spy(sample, numerator, denominator, threshold, side, settings, k=1):
         seen[(tuple(numerator.items()), side, threshold)] = k
         return test(sample, numerator, denominator, threshold, side, settings, k)
-    monkeypatch.setattr(claims_module.stats, "test", spy)
+    monkeypatch.setattr(claims_module.paired, "test", spy)
     verdicts_of(tmp_path, {**BASE, "variants": ["linA"]})
     thresholds = Thresholds(margin=0.005)
     for claim in CLAIMS:
@@ -461,7 +469,7 @@ def test_a_claim_reads_its_cells_first_when_a_role_is_absent_or_cells_are_blocke
     """Issue 55, item 5: a failure stands where another test is blocked, so a claim that fails in every
     cell is 'not supported' even with a role the grid lacks (it read 'not evaluable'); and one holding cell
     beside three not-evaluable ones is 'supported in the cells judged (1 of 4)', not 'supported'."""
-    from linvit.report.claims import _overall
+    from linvit.claims.judge import _overall
 
     def cells(*outcomes):
         return [CellVerdict("C1", "d", "s", f"v{i}", 10, o) for i, o in enumerate(outcomes)]
@@ -493,7 +501,8 @@ def test_a_look_is_read_with_the_runs_it_has_and_keeps_them_out_when_read_again(
     def attn_alone(extra: dict):
         cfg = {**config, **extra}
         runs, _ = collect(cfg, tmp_path)
-        return next(v for v in evaluate_claims(runs, cfg) if v.claim == "C1").cells[0].test("attn_alone")
+        verdicts = evaluate_claims(runs, cfg, load_predictions(runs))
+        return next(v for v in verdicts if v.claim == "C1").cells[0].test("attn_alone")
 
     waits = attn_alone({})
     assert waits.outcome == TOO_FEW and waits.note.startswith("look 1 waits for seeds 2")

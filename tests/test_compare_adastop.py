@@ -1,4 +1,4 @@
-"""linvit.report.compare_adastop: both procedures read the same draws, AdaStop runs as its defaults run it
+"""linvit.claims.compare_adastop: both procedures read the same draws, AdaStop runs as its defaults run it
 and errs as the comparison says (twice its alpha), and at truth 0 linvit finds a difference at most 5% of
 the time (docs/statistics.md, "Beside AdaStop")."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from linvit.report import compare_adastop as cmp
-from linvit.report import sequential
+from linvit.claims import compare_adastop as cmp
+from linvit.stats import sequential
 
 
 def _need_adastop():

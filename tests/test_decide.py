@@ -13,8 +13,8 @@ import time
 import pytest
 import yaml
 
-from linvit.report.claims import CLAIMS
-from linvit.report.roles import resolve_roles
+from linvit.claims.roles import resolve_roles
+from linvit.claims.table import CLAIMS
 
 from conftest import BIN, REPO, patient, run
 

@@ -16,8 +16,8 @@ import pytest
 
 from linvit import grid
 from linvit.bench import write_stub
+from linvit.claims.table import CLAIMS
 from linvit.decide import DecideError, Driver, status_lines
-from linvit.report.claims import CLAIMS
 from linvit.status import WHOLE, collect
 
 from test_decide import TINY

@@ -22,12 +22,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from linvit.claims.judge import evaluate_claims
+from linvit.claims.verdicts import NOT_EVALUABLE
 from linvit.config import NO_DESIGN
 from linvit.grid import REPORT_FIGURES, Cell, all_cells
 from linvit.predictions import PREDICTIONS, write_predictions
-from linvit.report import ResultsError, collect, cost_table, evaluate_claims, summarize, write_report
-from linvit.report.claims import NOT_EVALUABLE
-from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
+from linvit.report import ResultsError, collect, cost_table, load_predictions, summarize, write_report
+from linvit.stats.paired import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
 
 INITS = ["random", "copy_all", "copy_attn", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill", "distill_only"]
 CONFIG = {
@@ -60,7 +61,7 @@ ACC = {
                           mlp_only=0.42, copy_mlp_distill=0.72, distill_only=0.50),
 }
 SPREAD = 0.01
-# Per role, so that no paired contrast is the same on every seed (that would be stats.NO_TEST); the softmax
+# Per role, so that no paired contrast is the same on every seed (that would be paired.NO_TEST); the softmax
 # reference (init "reference") moves by SPREAD alone.
 JITTER = {init: 1e-5 * (i + 1) for i, init in enumerate(INITS)}
 STEPS, TRAIN_TIME, DISTILL_TIME, LAYERS = 100, 10.0, 2.5, 3
@@ -146,7 +147,7 @@ def tree(tmp_path_factory):
 def verdicts(tree):
     results, _, _ = tree
     runs, _ = collect(CONFIG, results)
-    return {v.claim: v for v in evaluate_claims(runs, CONFIG)}
+    return {v.claim: v for v in evaluate_claims(runs, CONFIG, load_predictions(runs))}
 
 
 def cell_verdict(verdict, dataset, variant):
@@ -268,7 +269,7 @@ def test_not_evaluable_when_inits_absent_and_too_few_seeds(tree):
     config = {**CONFIG, "inits": ["random", "copy_all", "copy_mlp", "copy_mlp_distill"], "seeds": [0],
               "targets": ["dsA"], "variants": ["linA"]}
     runs, _ = collect(config, results)
-    verdicts = {v.claim: v for v in evaluate_claims(runs, config)}
+    verdicts = {v.claim: v for v in evaluate_claims(runs, config, load_predictions(runs))}
     assert verdicts["C1"].verdict == ("not evaluable: no strategy of the grid fills attn_only (copies attn; no "
                                       "distillation; task loss only; `attn_only` is defined but not in inits)")
     # One seed: every test that can run says so, never holds or fails.
@@ -288,7 +289,7 @@ def test_zero_denominator_is_guarded(tmp_path):
     runs, _ = collect(config, tmp_path)
     summary = summarize(runs, config)
     assert summary.loc[summary["init"] != "reference", "gap_closed"].isna().all()
-    verdicts = {v.claim: v for v in evaluate_claims(runs, config)}
+    verdicts = {v.claim: v for v in evaluate_claims(runs, config, load_predictions(runs))}
     c1 = verdicts["C1"].cells[0]
     assert c1.outcome == INCONCLUSIVE and c1.test("attn_alone").outcome == INCONCLUSIVE
     assert c1.test("attn_alone").note

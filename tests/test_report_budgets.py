@@ -22,13 +22,14 @@ from test_report import CONFIG, DISTILL_TIME, SPREAD, TRAIN_TIME, write_cell, wr
 JITTER = {init: 1e-7 * (i + 1) for i, init in enumerate(
     ["random", "copy_all", "copy_attn", "copy_mlp", "attn_only", "mlp_only", "copy_mlp_distill", "deit_kd", "lolcats"])}
 
+from linvit.claims.judge import evaluate_claims
+from linvit.claims.roles import resolve_roles
 from linvit.config import NO_DESIGN
 from linvit.grid import Cell, all_cells, benchmark_path, distill_cells, distill_key
-from linvit.report import collect, collect_benchmarks, evaluate_claims, summarize, write_report
+from linvit.report import collect, collect_benchmarks, load_predictions, summarize, write_report
 from linvit.report.aggregate import attention_records
-from linvit.report.roles import resolve_roles
-from linvit.report.stats import FAILS, HOLDS
 from linvit.report.tables import designs_table
+from linvit.stats.paired import FAILS, HOLDS
 from test_report_cost import tsv
 
 DEIT = {"copy": [], "distill": False, "task_weight": 0.5, "train_losses": [{"loss": "logit_kd", "weight": 0.5}]}
@@ -79,7 +80,7 @@ def tree(tmp_path_factory):
 @pytest.fixture(scope="module")
 def verdicts(tree):
     runs, _ = collect(GRID, tree[0])
-    return {v.claim: v for v in evaluate_claims(runs, GRID)}
+    return {v.claim: v for v in evaluate_claims(runs, GRID, load_predictions(runs))}
 
 
 def test_cells_and_paths_carry_design_and_budget(tree):
@@ -253,7 +254,8 @@ def test_attention_records_from_eval_json(tmp_path):
 
 
 def test_the_overall_verdict_names_the_budgets():
-    from linvit.report.claims import NOT_EVALUABLE, CellVerdict, _overall, _per_budget
+    from linvit.claims.judge import _overall, _per_budget
+    from linvit.claims.verdicts import NOT_EVALUABLE, CellVerdict
 
     def verdict(outcomes: list[str]):
         cells = [CellVerdict("C2", "dsA", "tiny", "linA", b, o) for b, o in zip([100, 100, 400, 400], outcomes)]

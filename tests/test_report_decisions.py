@@ -23,8 +23,9 @@ import pytest
 from test_report import CONFIG, STEPS, write_cell
 from test_report_cost import tsv
 
+from linvit.claims.judge import evaluate_claims
 from linvit.grid import Cell, all_cells, jobs
-from linvit.report import collect, evaluate_claims, write_report
+from linvit.report import collect, load_predictions, write_report
 from linvit.report.aggregate import benchmark_jobs
 from linvit.report.claims_text import number
 from linvit.report.decisions import CAP, ENDED, FAIL, FUTILITY, HOLD, evaluate
@@ -108,7 +109,8 @@ def block(section: str, variant: str, name: str) -> str:
 def test_each_test_stops_where_and_why(sequential_report):
     config, results, _, _ = sequential_report
     runs, _ = collect(config, results)
-    d = evaluate(config, evaluate_claims(runs, config), benchmark_jobs(config, results), results)
+    verdicts = evaluate_claims(runs, config, load_predictions(runs))
+    d = evaluate(config, verdicts, benchmark_jobs(config, results), results)
     got = {(t.cell.split("/")[2], t.test.name): (t.reason, t.test.stopped, t.seeds) for t in d.tests}
     assert got[("linA", "attn_alone")] == (HOLD, 2, tuple(range(6)))
     assert got[("linA", "attn_on_top")] == (CAP, 3, tuple(range(9)))
@@ -186,7 +188,8 @@ def test_gpu_hours_where_the_benchmark_files_have_them(tmp_path):
         if job.benchmark and job.rule.startswith("teacher"):
             Path(job.benchmark).write_text("s\tcpu_time\tgpu_time\n2.0\t1.0\t1.0\n")
     runs, _ = collect(config, results)
-    d = evaluate(config, evaluate_claims(runs, config), benchmark_jobs(config, results), results)
+    verdicts = evaluate_claims(runs, config, load_predictions(runs))
+    d = evaluate(config, verdicts, benchmark_jobs(config, results), results)
     assert d.spending.gpu_s == pytest.approx(9.0) and d.spending.gpu_fixed_s == pytest.approx(9.0)
     assert d.looks_run is None  # no state file: the section says the looks were not run by the driver
 

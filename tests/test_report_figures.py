@@ -447,7 +447,7 @@ def test_accuracy_by_init_draws_the_claims_t_interval_over_seeds(tmp_path, captu
 
 
 def summary_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    """What linvit.report.claims.summarize gives the heatmap: per cell and budget the mean accuracy and
+    """What linvit.report.tables.summarize gives the heatmap: per cell and budget the mean accuracy and
     gap_closed against random and the reference of the same budget (NaN for the reference)."""
     keys = ["dataset", "size", "variant", "init", "design", "budget"]
     summary = runs[runs["status"] == "ok"].groupby(keys, as_index=False)["test_acc"].mean()

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from test_report import CONFIG, accuracy, build_results, write_cell
 
+from linvit.claims.judge import evaluate_claims
+from linvit.claims.roles import resolve_roles
 from linvit.grid import Cell, all_cells
-from linvit.report import collect, evaluate_claims, resolve_roles, summarize, write_report
-from linvit.report.stats import TOO_FEW
+from linvit.report import collect, load_predictions, summarize, write_report
+from linvit.stats.paired import TOO_FEW
 
 RENAME = {"random": "baseline", "copy_all": "everything", "copy_attn": "no_mlp", "copy_mlp": "no_attention",
           "attn_only": "just_attention", "mlp_only": "just_mlp", "copy_mlp_distill": "mlp_and_distilled",
@@ -63,7 +65,8 @@ def test_renamed_strategies_give_identical_verdicts(tmp_path):
     runs_a, _ = collect(CONFIG, tmp_path / "a")
     config_b = renamed_config()
     runs_b, _ = collect(config_b, tmp_path / "b")
-    assert essence(evaluate_claims(runs_b, config_b)) == essence(evaluate_claims(runs_a, CONFIG))
+    assert essence(evaluate_claims(runs_b, config_b, load_predictions(runs_b))) == \
+        essence(evaluate_claims(runs_a, CONFIG, load_predictions(runs_a)))
     # Gap closed (against the random role) too, strategy by strategy.
     gap_a = summarize(runs_a, CONFIG).set_index(["dataset", "variant", "init"])["gap_closed"]
     gap_b = summarize(runs_b, config_b).set_index(["dataset", "variant", "init"])["gap_closed"]
@@ -89,7 +92,7 @@ def test_same_content_picks_the_first_in_inits_and_says_so(tmp_path):
     for cell in all_cells(config):
         write_cell(tmp_path, cell, 0.40 + (0.01 if cell.seed else -0.01) if cell.init == "scratch" else accuracy(cell))
     runs, _ = collect(config, tmp_path)
-    c1 = evaluate_claims(runs, config)[0]
+    c1 = evaluate_claims(runs, config, load_predictions(runs))[0]
     # Total benefit copy_all - scratch = 0.70 - 0.40; the share of attention alone (attn_only - scratch) / that.
     assert c1.cells[0].test("attn_alone").estimate == pytest.approx((0.48 - 0.40) / (0.70 - 0.40))
     assert c1.roles["random"] == "scratch"
@@ -107,7 +110,7 @@ def test_a_role_no_strategy_fills_is_not_evaluable_and_named_by_content(tmp_path
     for cell in all_cells(config):
         write_cell(tmp_path, cell, 0.5 if cell.init == "attn_plus_norm" else accuracy(cell), predictions=True)
     runs, _ = collect(config, tmp_path)
-    verdicts = {v.claim: v for v in evaluate_claims(runs, config)}
+    verdicts = {v.claim: v for v in evaluate_claims(runs, config, load_predictions(runs))}
     assert verdicts["C1"].verdict == ("not evaluable: no strategy of the grid fills attn_only (copies attn; no "
                                       "distillation; task loss only; `attn_only` is defined but not in inits)")
     assert verdicts["C1"].roles["attn_only"] is None
@@ -130,7 +133,7 @@ def test_a_fixed_design_strategy_fills_the_distilling_role_at_its_design(tmp_pat
         assert cell.design == ("map_ce" if cell.init == "hedgehog_recipe" else "none")
         write_cell(tmp_path, cell, 0.85 if cell.init == "hedgehog_recipe" else accuracy(cell), predictions=True)
     runs, _ = collect(config, tmp_path)
-    c3 = evaluate_claims(runs, config)[2]
+    c3 = evaluate_claims(runs, config, load_predictions(runs))[2]
     assert c3.cells[0].outcome == TOO_FEW and c3.designs == {"copy_mlp_distill": "map_ce"}
     assert c3.cells[0].test("matches").estimate == pytest.approx(0.85 - 0.79)  # reference seed 0: 0.80 - SPREAD
     write_report(config, tmp_path, tmp_path / "report")
@@ -147,6 +150,7 @@ def test_a_random_student_with_logit_kd_is_not_the_random_role(tmp_path):
                     "train_losses": [{"loss": "logit_kd", "weight": 0.5}]}}}
     match = resolve_roles(config)["random"]
     assert match.strategy is None and match.trains_more == ("deit_kd",) and match.outside_grid == ("random",)
+    runs = collect(config, tmp_path)[0]
+    c1 = evaluate_claims(runs, config, load_predictions(runs))[0]
     assert "no strategy of the grid fills random (copies nothing; no distillation; task loss " \
-           "only; `random` is defined but not in inits)" in evaluate_claims(
-               collect(config, tmp_path)[0], config)[0].verdict
+           "only; `random` is defined but not in inits)" in c1.verdict

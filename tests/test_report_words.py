@@ -14,13 +14,14 @@ import pandas as pd
 import pytest
 from test_report_decisions import SEQ, added_seeds
 
-from linvit.report.claims import STATEMENTS, CellVerdict, ClaimVerdict
-from linvit.report.claims import TestOutcome as Outcome
+from linvit.claims.table import STATEMENTS
+from linvit.claims.verdicts import CellVerdict, ClaimVerdict
+from linvit.claims.verdicts import TestOutcome as Outcome
 from linvit.report.claims_text import (UNDECIDED_AT_END, claims_markdown, control_markdown, decided_by,
                                        rules_markdown, verdicts_table)
 from linvit.report.decisions import displayed, evaluate, markdown
 from linvit.report.render import _grid_section
-from linvit.report.sequential import CONTINUES, FUTILE, Plan
+from linvit.stats.sequential import CONTINUES, FUTILE, Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOKS = [5, 10, 15, 20, 30]

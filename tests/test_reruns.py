@@ -33,13 +33,14 @@ import pytest
 import yaml
 from scipy import stats as sps
 
+from linvit.claims.judge import _Cell, evaluate_claims
+from linvit.claims.roles import RANDOM, resolve_roles
+from linvit.claims.table import CLAIMS, Statistic, claim_cells
 from linvit.grid import CONTROL_VARIANT, inits_of
 from linvit.predictions import Predictions
-from linvit.report import evaluate_claims, stats
 from linvit.report.aggregate import load_predictions
-from linvit.report.claims import CLAIMS, Statistic, _Cell, claim_cells
-from linvit.report.roles import RANDOM, resolve_roles
-from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE
+from linvit.stats import paired, pairing
+from linvit.stats.paired import FAILS, HOLDS, INCONCLUSIVE
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reruns"
 DEFAULT_RUNS = ("default_threads1", "default_threads2")
@@ -134,32 +135,33 @@ def _tagged(terms, run: str, scale: float = 1.0) -> dict:
     return {f"{run}|{role}": scale * w for role, w in terms}
 
 
-def paired_difference(a: dict, b: dict, statistic: Statistic, settings: stats.Settings) -> tuple[float, float, float]:
-    """The statistic in run a less in run b (a, b: role -> its stats.Run list), with the standard error of
+def paired_difference(a: dict, b: dict, statistic: Statistic, settings: paired.Settings) -> tuple[float, float, float]:
+    """The statistic in run a less in run b (a, b: role -> its pairing.Run list), with the standard error of
     that difference and its degrees of freedom. Both runs' roles go into one sample paired by seed and test
     image, so the difference is one contrast of it: what the runs share cancels there (a role with the same
     predictions in both adds exactly nothing) instead of being counted once per run. A share's difference,
     R_a - R_b, by the delta method: its SE is that of (num_a - R_a den_a) / den_a - (num_b - R_b den_b) /
     den_b, the linearisation the report's own share SE uses."""
-    sample = stats.pair({f"{run}|{role}": runs[role] for run, runs in (("a", a), ("b", b)) for role in statistic.roles})
+    sample = pairing.pair({f"{run}|{role}": runs[role] for run, runs in (("a", a), ("b", b))
+                          for role in statistic.roles})
     return joint_difference(sample, statistic, settings)
 
 
-def joint_difference(sample: stats.Sample, statistic: Statistic,
-                     settings: stats.Settings) -> tuple[float, float, float]:
+def joint_difference(sample: pairing.Sample, statistic: Statistic,
+                     settings: paired.Settings) -> tuple[float, float, float]:
     """paired_difference on a joint sample whose roles are 'a|role' and 'b|role' (simulate_agreement.py's)."""
     num, den = statistic.numerator, statistic.denominator
     if den is None:
-        e = stats.estimate(sample, _add(_tagged(num, "a"), _tagged(num, "b", -1)), None, settings)
+        e = paired.estimate(sample, _add(_tagged(num, "a"), _tagged(num, "b", -1)), None, settings)
         return e.estimate, e.se, e.df
-    na, da, nb, db = (stats.estimate(sample, _tagged(terms, run), None, settings).estimate
+    na, da, nb, db = (paired.estimate(sample, _tagged(terms, run), None, settings).estimate
                       for terms, run in ((num, "a"), (den, "a"), (num, "b"), (den, "b")))
     if not (da and db):  # no share of a zero benefit
         return math.nan, math.nan, float(len(sample.seeds) - 1)
     ra, rb = na / da, nb / db
     linear = _add(_tagged(num, "a", 1 / da), _tagged(den, "a", -ra / da), _tagged(num, "b", -1 / db),
                   _tagged(den, "b", rb / db))
-    e = stats.estimate(sample, linear, None, settings)
+    e = paired.estimate(sample, linear, None, settings)
     return ra - rb, e.se, e.df
 
 
@@ -167,7 +169,7 @@ def _differences(before: str, after: str, runs_after=None) -> dict[tuple[str, st
     """(cell key, statistic name) -> paired_difference(before, after) for every statistic whose roles both
     runs have in the cell (control cells too); `runs_after`: a (runs, predictions) in place of after's."""
     config = _config(before)
-    settings, matches = stats.Settings.from_config(config), resolve_roles(config)
+    settings, matches = paired.Settings.from_config(config), resolve_roles(config)
     (ra, pa), (rb, pb) = _packed(before), runs_after or _packed(after)
     out = {}
     for cell_id in claim_cells(config):
@@ -180,7 +182,7 @@ def _differences(before: str, after: str, runs_after=None) -> dict[tuple[str, st
             try:
                 out[(key, s.name)] = paired_difference({r: a.runs(r) for r in s.roles},
                                                        {r: b.runs(r) for r in s.roles}, s, settings)
-            except stats.PairingError:
+            except pairing.PairingError:
                 continue
     return out
 
@@ -260,11 +262,11 @@ def test_one_teacher_verdicts_move_with_the_teacher(before, after):
     assert _moved(_outcomes(before), _outcomes(after))
 
 
-def statistic_estimates(runs, config: dict, predictions: dict | None = None) -> dict[tuple[str, str], stats.Estimate]:
+def statistic_estimates(runs, config: dict, predictions: dict | None = None) -> dict[tuple[str, str], paired.Estimate]:
     """Every distinct statistic of the claims table (STATISTICS) in every cell, control cells too, where its
-    roles' runs pair: (cell key, statistic name) -> the stats.Estimate the report's test reads, whose `se` is
+    roles' runs pair: (cell key, statistic name) -> the paired.Estimate the report's test reads, whose `se` is
     the statistic's standard error (a share's by the delta method, the one its Fieller interval is built from)."""
-    settings = stats.Settings.from_config(config)
+    settings = paired.Settings.from_config(config)
     if predictions is None:
         predictions = load_predictions(runs)
     ok = runs[runs["status"] == "ok"]
@@ -277,10 +279,10 @@ def statistic_estimates(runs, config: dict, predictions: dict | None = None) -> 
             if cell.missing(s.roles):
                 continue
             try:
-                sample = stats.pair({role: cell.runs(role) for role in s.roles})
-            except stats.PairingError:
+                sample = pairing.pair({role: cell.runs(role) for role in s.roles})
+            except pairing.PairingError:
                 continue
-            out[(key, s.name)] = stats.estimate(sample, dict(s.numerator),
+            out[(key, s.name)] = paired.estimate(sample, dict(s.numerator),
                                                 dict(s.denominator) if s.denominator else None, settings)
     return out
 
@@ -314,19 +316,19 @@ def _synthetic(accs: dict[str, float], seeds: int = 3, images: int = 2000, seed:
     rng = np.random.default_rng(seed)
     label = np.arange(images) % 10
 
-    def run(s: int, acc: float) -> stats.Run:
+    def run(s: int, acc: float) -> pairing.Run:
         right = rng.random(images) < acc + sd * rng.standard_normal()
-        return stats.Run(s, 0.0, Predictions(np.where(right, label, (label + 1) % 10), label, "split"))
+        return pairing.Run(s, 0.0, Predictions(np.where(right, label, (label + 1) % 10), label, "split"))
     return {role: [run(s, acc) for s in range(seeds)] for role, acc in accs.items()}
 
 
-def _worse(run: stats.Run, k: int, start: int = 0) -> stats.Run:
+def _worse(run: pairing.Run, k: int, start: int = 0) -> pairing.Run:
     """The run with k of the images it got right (from the `start`-th on) made wrong."""
     p = run.predictions
     flip = np.flatnonzero(p.correct)[start:start + k]
     pred = p.pred.copy()
     pred[flip] = (p.label[flip] + 1) % 10
-    return stats.Run(run.seed, 0.0, Predictions(pred, p.label, p.digest))
+    return pairing.Run(run.seed, 0.0, Predictions(pred, p.label, p.digest))
 
 
 WORSE = Statistic("worse", "", (("x", 1.0), ("random", -1.0)))
@@ -337,24 +339,24 @@ def test_a_shared_role_adds_no_variance_to_the_difference():
     """random the same in both runs (no teacher), x drawn anew: the difference's SE is that of x's own
     difference alone, well below the two runs' SEs combined as if independent (random's seed-to-seed SD of
     3 pp counted twice)."""
-    settings = stats.Settings()
+    settings = paired.Settings()
     a = {**_synthetic({"x": 0.7}, seeds=5, seed=1), **_synthetic({"random": 0.5}, seeds=5, seed=3, sd=0.03)}
     b = {**_synthetic({"x": 0.7}, seeds=5, seed=2), "random": a["random"]}
     d, se, df = paired_difference(a, b, WORSE, settings)
-    alone = stats.estimate(stats.pair({"a": a["x"], "b": b["x"]}), {"a": 1, "b": -1}, None, settings)
+    alone = paired.estimate(pairing.pair({"a": a["x"], "b": b["x"]}), {"a": 1, "b": -1}, None, settings)
     assert (d, se, df) == (pytest.approx(alone.estimate), pytest.approx(alone.se), 4)
-    apart = [stats.estimate(stats.pair(r), {"x": 1, "random": -1}, None, settings) for r in (a, b)]
+    apart = [paired.estimate(pairing.pair(r), {"x": 1, "random": -1}, None, settings) for r in (a, b)]
     assert d == pytest.approx(apart[0].estimate - apart[1].estimate) and se < 0.5 * math.hypot(*(e.se for e in apart))
 
 
 def test_the_comparison_accepts_rounding_that_moves_an_outcome():
     """A claim `x - random >= threshold` whose p-value sits at alpha: one seed of x losing 4 of 2,000 images
     moves it from holds to inconclusive, which the outcome check rejected; the estimates agree."""
-    settings = stats.Settings()
+    settings = paired.Settings()
     a = _synthetic({"x": 0.7, "random": 0.5, "top": 0.8})
-    e = stats.estimate(stats.pair(a), {"x": 1, "random": -1}, None, settings)
+    e = paired.estimate(pairing.pair(a), {"x": 1, "random": -1}, None, settings)
     b = {**a, "x": [_worse(a["x"][0], 4), *a["x"][1:]]}
-    outcomes = [stats.test(stats.pair(r), {"x": 1, "random": -1}, None, e.low - 1e-5, ">=", settings).outcome
+    outcomes = [paired.test(pairing.pair(r), {"x": 1, "random": -1}, None, e.low - 1e-5, ">=", settings).outcome
                 for r in (a, b)]
     assert outcomes == [HOLDS, INCONCLUSIVE]
     for statistic in (WORSE, SHARE):
@@ -368,10 +370,10 @@ def test_the_comparison_accepts_rounding_that_moves_an_outcome():
 def test_the_comparison_rejects_a_5_pp_shift_that_moves_no_outcome():
     """x 5 pp worse on every seed of the second run (100 of 2,000 images, other ones on each seed): x - random
     (20 pp) holds in both, which the outcome check let pass; the estimates disagree, the share's too."""
-    settings = stats.Settings()
+    settings = paired.Settings()
     a = _synthetic({"x": 0.7, "random": 0.5, "top": 0.8})
     b = {**a, "x": [_worse(r, 100, start=50 * i) for i, r in enumerate(a["x"])]}
-    assert [stats.test(stats.pair({k: r[k] for k in ("x", "random")}), {"x": 1, "random": -1}, None, 0.0, ">=",
+    assert [paired.test(pairing.pair({k: r[k] for k in ("x", "random")}), {"x": 1, "random": -1}, None, 0.0, ">=",
                        settings).outcome for r in (a, b)] == [HOLDS, HOLDS]
     for statistic in (WORSE, SHARE):
         d, se, df = paired_difference(a, b, statistic, settings)

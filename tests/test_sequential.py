@@ -1,4 +1,4 @@
-"""The sequential design's pieces (linvit.report.sequential): boundaries against published values, the plan's
+"""The sequential design's pieces (linvit.stats.sequential): boundaries against published values, the plan's
 checks, a test read at its looks, the information fraction with the test images' part, and the grid's
 added runs (linvit.grid.added_cells). The calibration under the stopping rule is
 tests/test_calibration_sequential.py; the driver end to end is tests/test_decide.py."""
@@ -10,8 +10,8 @@ import pytest
 
 from linvit import grid
 from linvit.config import ConfigError, load_config, seed_sequence, validate
-from linvit.report import sequential as seq
-from linvit.report import stats
+from linvit.stats import boundaries, paired, pairing
+from linvit.stats import sequential as seq
 
 from conftest import REPO, run
 
@@ -26,14 +26,14 @@ EVEN = [0.2, 0.4, 0.6, 0.8, 1.0]
 ])
 def test_boundaries_match_published_values(spending, gamma, published):
     plan = seq.Plan((5, 10, 15, 20, 25), spending, gamma)
-    assert seq.boundaries(EVEN, 0.025, plan) == pytest.approx(published, abs=1.5e-3)
+    assert boundaries.boundaries(EVEN, 0.025, plan) == pytest.approx(published, abs=1.5e-3)
 
 
 def test_boundaries_spend_exactly_the_error_by_simulation():
     """Under the null, the chance of crossing any look's boundary is the alpha spent (Monte Carlo)."""
     plan = seq.Plan((5, 10, 15, 20, 30), "hwang_shih_decani", 0.0)
     fractions = [0.15, 0.35, 0.5, 0.7, 1.0]
-    c = np.array(seq.boundaries(fractions, 0.025, plan))
+    c = np.array(boundaries.boundaries(fractions, 0.025, plan))
     rng = np.random.default_rng(0)
     steps = rng.standard_normal((400_000, 5)) * np.sqrt(np.diff([0.0, *fractions]))
     z = np.cumsum(steps, axis=1) / np.sqrt(fractions)
@@ -45,16 +45,16 @@ def test_boundaries_spend_exactly_the_error_by_simulation():
 
 def test_t_critical_keeps_the_nominal_significance():
     for z, df in ((2.0, 4), (3.1, 9), (5.0, 29)):
-        t = seq.t_critical(z, df)
+        t = boundaries.t_critical(z, df)
         assert t > z  # fewer degrees of freedom: a wider boundary
-        assert stats._cdf(-t, df) == pytest.approx(stats._cdf(-z, math.inf), rel=1e-9)
+        assert paired._cdf(-t, df) == pytest.approx(paired._cdf(-z, math.inf), rel=1e-9)
 
 
 def test_conditional_power_reads_the_trend():
-    assert seq.conditional_power(3.0, 0.5, 2.0, 2.0) > 0.9  # far on the hold side: crosses at the cap
-    assert seq.conditional_power(0.0, 0.5, 2.0, 2.0) < 0.05  # at the threshold: crosses neither
-    assert seq.conditional_power(-3.0, 0.5, 2.0, 2.0) > 0.9  # far on the fail side
-    assert seq.conditional_power(1.0, 1.0, 2.0, 2.0) == 0.0  # at the cap: nothing left
+    assert boundaries.conditional_power(3.0, 0.5, 2.0, 2.0) > 0.9  # far on the hold side: crosses at the cap
+    assert boundaries.conditional_power(0.0, 0.5, 2.0, 2.0) < 0.05  # at the threshold: crosses neither
+    assert boundaries.conditional_power(-3.0, 0.5, 2.0, 2.0) > 0.9  # far on the fail side
+    assert boundaries.conditional_power(1.0, 1.0, 2.0, 2.0) == 0.0  # at the cap: nothing left
 
 
 def base_config():
@@ -87,13 +87,13 @@ def test_plan_fingerprint_changes_with_the_plan():
     assert a.fingerprint() == seq.Plan.from_config({**base_config(), "sequential": {"looks": [5, 10, 30]}}).fingerprint()
 
 
-def sample(values: np.ndarray, images: int = 0) -> stats.Sample:
+def sample(values: np.ndarray, images: int = 0) -> pairing.Sample:
     """A paired sample of two roles from per-seed accuracies (seeds only), or with `images` 0/1 columns."""
     n = values.shape[1]
-    return stats.Sample({"a": values[0][:, None], "b": values[1][:, None]}, list(range(n)), 0, stats.SEEDS_ONLY)
+    return pairing.Sample({"a": values[0][:, None], "b": values[1][:, None]}, list(range(n)), 0, pairing.SEEDS_ONLY)
 
 
-def looks_of(s: stats.Sample, plan: seq.Plan):
+def looks_of(s: pairing.Sample, plan: seq.Plan):
     return [seq.look_sample(s, list(range(n))) for n in plan.looks if n <= len(s.seeds)]
 
 
@@ -104,13 +104,13 @@ def test_a_clear_difference_stops_early_and_its_repeated_interval_covers_it():
     b = 0.70 + 0.005 * rng.standard_normal(30)
     result = seq.sequential_test(looks_of(sample(np.stack([a, b])), plan), {"a": 1, "b": -1}, None, 0.0, ">=",
                                  plan, 0.025, 0.025)
-    assert (result.outcome, result.stopped) == (stats.HOLDS, 1)
+    assert (result.outcome, result.stopped) == (paired.HOLDS, 1)
     look = result.looks[0]
     assert look.low <= 0.10 <= look.high and look.statistic >= look.hold_bound
     assert len(result.looks) == 1  # nothing read after it stopped
 
 
-def share_sample(benefit_z: float, seeds: int = 5, seed: int = 0) -> stats.Sample:
+def share_sample(benefit_z: float, seeds: int = 5, seed: int = 0) -> pairing.Sample:
     """attn_only, random and copy_all over `seeds` seeds: a benefit (copy_all - random) of 0.1 whose t is
     `benefit_z`, and attn_only - random = 0.25 x benefit - 0.02 to within 1e-4 (the share about 0.05, far
     below a 0.25 threshold on the contrast's own scale)."""
@@ -121,7 +121,7 @@ def share_sample(benefit_z: float, seeds: int = 5, seed: int = 0) -> stats.Sampl
     random = 0.5 + 0.01 * rng.standard_normal(seeds)
     attn = random + 0.25 * benefit - 0.02 + 1e-4 * rng.standard_normal(seeds)
     columns = {"attn_only": attn, "random": random, "copy_all": random + benefit}
-    return stats.Sample({r: v[:, None] for r, v in columns.items()}, list(range(seeds)), 0, stats.SEEDS_ONLY)
+    return pairing.Sample({r: v[:, None] for r, v in columns.items()}, list(range(seeds)), 0, pairing.SEEDS_ONLY)
 
 
 SHARE = ({"attn_only": 1, "random": -1}, {"copy_all": 1, "random": -1})
@@ -135,11 +135,11 @@ def test_a_share_decides_only_where_its_repeated_interval_is_bounded():
     vague = seq.sequential_test([share_sample(3.5)], *SHARE, 0.25, "<=", plan, 0.025, 0.0125)
     look = vague.looks[0]
     assert look.statistic > 10 * look.hold_bound  # the contrast alone would hold
-    assert stats._quantile(0.975, 4) < 3.5 < look.hold_bound
+    assert paired._quantile(0.975, 4) < 3.5 < look.hold_bound
     assert vague.outcome == seq.CONTINUES and "not established positive" in look.note
     assert look.high == math.inf
     clear = seq.sequential_test([share_sample(12.0)], *SHARE, 0.25, "<=", plan, 0.025, 0.0125)
-    assert clear.outcome == stats.HOLDS and math.isfinite(clear.looks[0].high) and clear.looks[0].high <= 0.25
+    assert clear.outcome == paired.HOLDS and math.isfinite(clear.looks[0].high) and clear.looks[0].high <= 0.25
 
 
 def test_zero_variance_decides_nothing_at_any_look():
@@ -150,7 +150,7 @@ def test_zero_variance_decides_nothing_at_any_look():
     result = seq.sequential_test(looks_of(sample(same), plan), {"a": 1, "b": -1}, None, -0.01, ">=", plan,
                                  0.025, 0.025)
     assert [look.outcome for look in result.looks] == [seq.CONTINUES, seq.FUTILE]
-    assert all(look.note == stats.NO_TEST and math.isnan(look.statistic) and math.isnan(look.low)
+    assert all(look.note == paired.NO_TEST and math.isnan(look.statistic) and math.isnan(look.low)
                for look in result.looks)
 
 
@@ -179,7 +179,7 @@ def test_at_the_threshold_it_stops_for_futility_or_reaches_the_cap_undecided():
     no_futility = seq.Plan((5, 10, 15, 20, 30), futility=None)
     full = seq.sequential_test(looks_of(sample(values), no_futility), {"a": 1, "b": -1}, None, 0.0, ">=",
                                no_futility, 0.025, 0.025)
-    assert full.outcome in (seq.FUTILE, stats.HOLDS, stats.FAILS) and full.stopped >= result.stopped
+    assert full.outcome in (seq.FUTILE, paired.HOLDS, paired.FAILS) and full.stopped >= result.stopped
 
 
 def test_a_test_with_looks_to_come_continues():
@@ -200,11 +200,11 @@ def test_the_images_part_saturates_the_information():
     item = rng.standard_normal(images)  # a strong per-image effect every seed shares
     a = (item[None, :] + 0.01 * rng.standard_normal((n, images)) > 0).astype(np.float32)
     b = (item[None, :] + 0.01 * rng.standard_normal((n, images)) > 0.3).astype(np.float32)
-    s = stats.Sample({"a": a, "b": b}, list(range(n)), images, stats.SEEDS_AND_IMAGES)
+    s = pairing.Sample({"a": a, "b": b}, list(range(n)), images, pairing.SEEDS_AND_IMAGES)
     result = seq.sequential_test([s], {"a": 1, "b": -1}, None, 0.0, ">=", plan, 0.025, 0.025)
     assert result.looks[0].fraction > 0.9
-    seeds_only = stats.Sample({"a": a.mean(1, keepdims=True), "b": b.mean(1, keepdims=True)}, list(range(n)), 0,
-                              stats.SEEDS_ONLY)
+    seeds_only = pairing.Sample({"a": a.mean(1, keepdims=True), "b": b.mean(1, keepdims=True)}, list(range(n)), 0,
+                              pairing.SEEDS_ONLY)
     alone = seq.sequential_test([seeds_only], {"a": 1, "b": -1}, None, 0.0, ">=", plan, 0.025, 0.025)
     assert alone.looks[0].fraction == pytest.approx(5 / 30, abs=2e-3)
 
@@ -222,10 +222,10 @@ def test_recorded_fractions_are_kept():
 
 def test_combine_reads_a_claim_sequentially():
     r = lambda o: seq.SequentialResult(o, 1, 0.95)  # noqa: E731
-    assert seq.combine([r(stats.HOLDS), r(stats.HOLDS)]) == stats.HOLDS
-    assert seq.combine([r(stats.HOLDS), r(stats.FAILS)]) == stats.FAILS
+    assert seq.combine([r(paired.HOLDS), r(paired.HOLDS)]) == paired.HOLDS
+    assert seq.combine([r(paired.HOLDS), r(paired.FAILS)]) == paired.FAILS
     assert seq.combine([r(seq.FUTILE), r(seq.CONTINUES)]) == seq.CONTINUES
-    assert seq.combine([r(seq.FUTILE), r(stats.HOLDS)]) == seq.FUTILE
+    assert seq.combine([r(seq.FUTILE), r(paired.HOLDS)]) == seq.FUTILE
 
 
 def test_look_sample_takes_exactly_the_looks_seeds():
@@ -286,19 +286,21 @@ def test_fails_at_reads_a_failure_at_a_smaller_alpha_on_the_same_looks():
     values = np.stack([0.70 + 0.01 * rng.standard_normal(30), 0.50 + 0.01 * rng.standard_normal(30)])
     result = seq.sequential_test(looks_of(sample(values), plan), {"a": 1, "b": -1}, None, 0.185, "<=", plan,
                                  0.025, 0.025)
-    assert result.outcome == stats.FAILS
+    assert result.outcome == paired.FAILS
     looks = [look.as_dict() for look in result.looks]
     assert seq.fails_at(looks, 0.025, plan)  # its own alpha: the failure it recorded
     last = result.looks[-1]
     # An alpha so small that the last look's statistic no longer crosses: no failure in the family.
-    assert not seq.fails_at(looks, 1e-12, plan) and last.statistic > -seq.t_critical(
-        seq.boundaries([x.fraction for x in result.looks], 1e-12, plan)[-1], last.seeds - 1)
+    assert not seq.fails_at(looks, 1e-12, plan) and last.statistic > -boundaries.t_critical(
+        boundaries.boundaries([x.fraction for x in result.looks], 1e-12, plan)[-1], last.seeds - 1)
 
 
 def test_c4_reads_each_failure_at_its_share_of_the_family():
     """Under a plan, C4 fails a cell when one of its claims' tests crossed the fail side spent at
     alpha / (k m) (m: every (claim, cell, budget)); a failure only at the claim's own alpha / k does not."""
-    from linvit.report.claims import CellVerdict, ClaimVerdict, Design, TestOutcome, _c4
+    from linvit.claims.judge import _c4
+    from linvit.claims.table import Design
+    from linvit.claims.verdicts import CellVerdict, ClaimVerdict, TestOutcome
 
     config = {**base_config(), "variants": ["elu", "hedgehog"], "sequential": {"looks": [5, 10, 15, 20, 30]}}
     design = Design.from_config(config)
@@ -311,24 +313,24 @@ def test_c4_reads_each_failure_at_its_share_of_the_family():
                                 "<=", design.plan, 0.025, 0.0125)
         return TestOutcome("attn_alone", r.outcome, looks=[x.as_dict() for x in r.looks], stopped=r.stopped)
 
-    held = TestOutcome("attn_alone", stats.HOLDS, looks=[], stopped=1)
+    held = TestOutcome("attn_alone", paired.HOLDS, looks=[], stopped=1)
 
     def c4_of(test):
         def cells(name, outcome, tests):
             return [CellVerdict(name, "fmnist_5to9", "micro", "elu", 200, outcome, tests=tests),
-                    CellVerdict(name, "fmnist_5to9", "micro", "hedgehog", 200, stats.HOLDS, tests=[held])]
+                    CellVerdict(name, "fmnist_5to9", "micro", "hedgehog", 200, paired.HOLDS, tests=[held])]
         verdicts = [ClaimVerdict("C1", "", "", {}, cells("C1", test.outcome, [test])),
-                    ClaimVerdict("C2", "", "", {}, cells("C2", stats.HOLDS, [held])),
-                    ClaimVerdict("C3", "", "", {}, cells("C3", stats.HOLDS, [held]))]
-        return [c.outcome for c in _c4(verdicts, config, stats.Settings(), design).cells]
+                    ClaimVerdict("C2", "", "", {}, cells("C2", paired.HOLDS, [held])),
+                    ClaimVerdict("C3", "", "", {}, cells("C3", paired.HOLDS, [held]))]
+        return [c.outcome for c in _c4(verdicts, config, paired.Settings(), design).cells]
 
     near, far = failing(0.012, 1), failing(0.25, 1)  # both fail C1 in their cell
-    assert near.outcome == far.outcome == stats.FAILS
+    assert near.outcome == far.outcome == paired.FAILS
     assert not seq.fails_at(near.looks, 0.025 / (2 * 6), design.plan) and seq.fails_at(far.looks, 0.025 / 12,
                                                                                        design.plan)
-    assert c4_of(far) == [stats.FAILS, stats.HOLDS]
+    assert c4_of(far) == [paired.FAILS, paired.HOLDS]
     # C1 failed here, but not at its share of the family: undecided within the cap, never "inconclusive" (item 6)
-    assert c4_of(near) == [seq.FUTILE, stats.HOLDS]
+    assert c4_of(near) == [seq.FUTILE, paired.HOLDS]
 
 
 def test_a_grid_without_a_plan_is_refused():
@@ -347,7 +349,7 @@ def test_a_test_whose_images_dominate_reads_every_look():
     item = rng.standard_normal(images)
     item -= item.mean()  # at the threshold: the test continues
     a = 1e-4 * rng.standard_normal((30, 1)) + item[None, :]
-    s = stats.Sample({"a": a, "b": np.zeros((30, images))}, list(range(30)), images, stats.SEEDS_AND_IMAGES)
+    s = pairing.Sample({"a": a, "b": np.zeros((30, images))}, list(range(30)), images, pairing.SEEDS_AND_IMAGES)
     result = seq.sequential_test([seq.look_sample(s, list(range(n))) for n in plan.looks], {"a": 1, "b": -1}, None,
                                  0.0, ">=", plan, 0.025, 0.025)
     fractions = [look.fraction for look in result.looks]

@@ -15,7 +15,7 @@ key. Only a config the grid cannot be built from raises `ResultsError`.
 A run's predictions.npz (every test image's prediction, written by linvit.steps.run_student) is
 checked against its metrics (number of images, accuracy) and named in the `predictions` column (empty
 for results from before it was written); `load_predictions` reads them for the claims' paired t and
-Fieller intervals over seeds and test images (linvit.report.stats).
+Fieller intervals over seeds and test images (linvit.stats.paired).
 
 Snakemake's benchmark TSVs (`benchmark_path` in linvit.grid) add each run's wall-clock seconds and peak
 memory (max_rss, MB) of its training and evaluation jobs; a run made without Snakemake has none (NaN).

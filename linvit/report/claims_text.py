@@ -1,16 +1,19 @@
-"""The claims in words: the rules (generated from linvit.report.claims.CLAIMS), the verdict tables,
+"""The claims in words: the rules (generated from linvit.claims.table.CLAIMS), the verdict tables,
 the positive control, the minimum detectable effects and the roles, as markdown for the report."""
 
 from __future__ import annotations
 
 import math
 
+from linvit.claims.judge import intervals_over
+from linvit.claims.roles import resolve_roles
+from linvit.claims.table import CLAIMS, Thresholds, linear_variants
+from linvit.claims.verdicts import CONTROL_NARROWED, NOT_EVALUABLE, CellVerdict, ClaimVerdict, TestOutcome
 from linvit.config import CHECKPOINTS, NO_DESIGN, ONE_TEACHER, PER_SEED, replicated, teacher_design
 from linvit.config import budgets
-from linvit.report import sequential, stats
-from linvit.report.claims import (CLAIMS, CONTROL_NARROWED, CONTROL_VARIANT, NOT_EVALUABLE, CellVerdict,
-                                  ClaimVerdict, Thresholds, TestOutcome, intervals_over, linear_variants)
-from linvit.report.roles import resolve_roles
+from linvit.grid import CONTROL_VARIANT
+from linvit.stats import paired, sequential
+from linvit.stats.spending import spending_label
 
 _STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
 # What the report calls a test or claim cell that the engine leaves "continues" (sequential.CONTINUES) once the
@@ -77,15 +80,15 @@ def _family(config: dict) -> str:
 
 
 def _sequential_rules(config: dict, plan: sequential.Plan) -> list[str]:
-    """The rules under a sequential plan (linvit.report.sequential): repeated intervals at their levels,
+    """The rules under a sequential plan (linvit.stats.sequential): repeated intervals at their levels,
     one-sided boundaries spent over the looks, Bonferroni for C4."""
-    s = stats.Settings.from_config(config)
+    s = paired.Settings.from_config(config)
     a = _pct(s.alpha)
     split = _fail_alphas(s.alpha)
     futility = (f", or from look {plan.futility_from} on when its conditional power at the cap is below "
                 f"{plan.futility:g} (futility, non-binding: the boundaries ignore it)" if plan.futility is not None
                 else "")
-    gamma = f" (gamma {plan.gamma:g})" if plan.spending == "hwang_shih_decani" else ""
+    spent_by = spending_label(plan.spending, plan.gamma, "`")
     rules = (
         f"Seeds are the unit of replication. Each test pairs its roles' runs by seed (the seeds every role "
         f"finished) and by test image. Its statistic is a difference of accuracies, or a share of a benefit (a ratio "
@@ -94,7 +97,7 @@ def _sequential_rules(config: dict, plan: sequential.Plan) -> list[str]:
         f"design's order; the cap: {plan.cap}). At a look its statistic T is a t statistic over the per-seed paired "
         f"values with n - 1 degrees of freedom, the variance of the test images' sampling added (a share's through "
         f"num - threshold x den), on the hold side's scale, against two one-sided boundaries that spend the test's "
-        f"error across its looks by `{plan.spending}`{gamma} over the information fraction: {a} to hold wrongly "
+        f"error across its looks by {spent_by} over the information fraction: {a} to hold wrongly "
         f"(half of 1 - `claims.level`) and {a} / k to fail wrongly (k: its claim's deciding tests: "
         f"{_by_value({c: x for c, (x, _) in split.items()}, 'tests')}). A test **holds** at the first look where T "
         f"reaches the hold boundary, **fails** where it reaches the fail boundary (a share only once its benefit is "
@@ -124,7 +127,7 @@ def _sequential_rules(config: dict, plan: sequential.Plan) -> list[str]:
 def rules_markdown(config: dict) -> str:
     """How the verdicts are reached, in words, generated from CLAIMS and the config's `claims` (and its
     `sequential:` plan, whose rules differ: _sequential_rules)."""
-    s, t = stats.Settings.from_config(config), Thresholds.from_config(config)
+    s, t = paired.Settings.from_config(config), Thresholds.from_config(config)
     plan = sequential.Plan.from_config(config) if config.get("sequential") is not None else None
     level = f"{100 * s.level:g}%"
     lines = [
@@ -182,11 +185,11 @@ def rules_markdown(config: dict) -> str:
 
 
 def coverage_section(config: dict | None = None) -> str:
-    """The engine's calibration by simulation (linvit.report.calibration's packaged table): the rows of the
+    """The engine's calibration by simulation (linvit.claims.calibration's packaged table): the rows of the
     teacher design(s) this grid uses (`teacher.seed`; a pretrained checkpoint is one teacher, `replicates` one per
     seed), all without
     a config."""
-    from linvit.report.calibration import coverage_markdown
+    from linvit.claims.calibration import coverage_markdown
 
     designs = None
     applies = ""
@@ -201,16 +204,16 @@ def coverage_section(config: dict | None = None) -> str:
         applies = (f" This grid uses {per_seed}." if used == {PER_SEED} else f" This grid uses {one}."
                    if used == {ONE_TEACHER} else f" Some sizes of this grid use {per_seed}; others {one}.")
     text = ("The engine's calibration, by simulation of grids whose truth is known (shaped like a reference run; "
-            "`python -m linvit.report.calibration` regenerates it): how often the 95% interval covers the truth, "
+            "`python -m linvit.claims.calibration` regenerates it): how often the 95% interval covers the truth, "
             "and how often a verdict is wrong (holds where the truth fails, or the other way round)." + applies
             + "\n\n" + coverage_markdown(designs=designs))
     if config and config.get("sequential") is not None:
         # A sequential grid reads its tests at looks: its calibration is the one under that stopping rule,
         # with what it saves against a fixed design at the cap.
-        from linvit.report.calibration_sequential import sequential_markdown
+        from linvit.claims.calibration_sequential import sequential_markdown
 
         text += ("\n\n**Under the sequential design** (this grid's plan is read this way; "
-                 "`python -m linvit.report.calibration_sequential` regenerates it): the repeated intervals' coverage "
+                 "`python -m linvit.claims.calibration_sequential` regenerates it): the repeated intervals' coverage "
                  "at the stopping look, wrong verdicts over the whole sequence, naive rereading of the fixed-n "
                  "interval at the same looks beside it, and the expected seeds and training jobs against a fixed "
                  "design at the cap.\n\n" + sequential_markdown())
@@ -276,12 +279,12 @@ def decided_by(cell: CellVerdict, plan: sequential.Plan) -> str:
     read = [t for t in deciding if t.looks]
     if not read:
         return ""
-    crossed = [t for t in read if t.outcome in (stats.HOLDS, stats.FAILS)]
+    crossed = [t for t in read if t.outcome in (paired.HOLDS, paired.FAILS)]
     lead = None
-    if cell.outcome == stats.FAILS:  # the first failure decides the cell
-        crossed.sort(key=lambda t: t.outcome != stats.FAILS)
-        lead = min((t.looks[-1] for t in crossed if t.outcome == stats.FAILS), key=lambda x: x["look"], default=None)
-    elif cell.outcome == stats.HOLDS:  # the last of the holds decides it
+    if cell.outcome == paired.FAILS:  # the first failure decides the cell
+        crossed.sort(key=lambda t: t.outcome != paired.FAILS)
+        lead = min((t.looks[-1] for t in crossed if t.outcome == paired.FAILS), key=lambda x: x["look"], default=None)
+    elif cell.outcome == paired.HOLDS:  # the last of the holds decides it
         lead = max((t.looks[-1] for t in crossed), key=lambda x: x["look"], default=None)
     last = lead or max((t.looks[-1] for t in read), key=lambda x: x["look"])
     head = f"{'at' if lead else 'after'} look {last['look']} ({last['seeds']} seeds)"
@@ -292,7 +295,7 @@ def decided_by(cell: CellVerdict, plan: sequential.Plan) -> str:
 
 def _crossed(t: TestOutcome, plan: sequential.Plan, lead: int) -> str:
     x = t.looks[-1]
-    holds = t.outcome == stats.HOLDS
+    holds = t.outcome == paired.HOLDS
     bound = x["hold_bound"] if holds else -x["fail_bound"]
     at = "" if x["look"] == lead else f" at look {x['look']}"
     seeds = "" if x["look"] == lead else f"{x['seeds']} seeds: "

@@ -16,14 +16,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from linvit.claims.table import CLAIMS, Design
+from linvit.claims.verdicts import NOT_EVALUABLE, STILL_OPEN, ClaimVerdict, TestOutcome
 from linvit.config import seed_sequence
 from linvit.decide import DecideError, read_state
 from linvit.grid import jobs as grid_jobs
-from linvit.report import sequential, stats
 from linvit.report.aggregate import COST_RULES, benchmark_jobs
-from linvit.report.claims import CLAIMS, NOT_EVALUABLE, STILL_OPEN, ClaimVerdict, Design, TestOutcome
 from linvit.report.claims_text import UNDECIDED_AT_END, number
-from linvit.report.stats import INCONCLUSIVE
+from linvit.stats import paired, sequential
+from linvit.stats.paired import INCONCLUSIVE
+from linvit.stats.spending import spending_label
 
 GPU_COLUMN = "gpu_time"  # seconds, by analogy with cpu_time; Snakemake's benchmark files have none today
 # Why a test is where it is (the renderer's words are keyed by these). ENDED: undecided, and the sequence is over.
@@ -124,7 +126,7 @@ def evaluate(config: dict, verdicts: list[ClaimVerdict], jobs: pd.DataFrame | No
     plan = design.plan
     tests = [_decision(claim, key, outcome, t, design) for claim, key, outcome, t in deciding_tests(verdicts)]
     spending = _spending(config, jobs, plan.cap) if jobs is not None else Spending([], plan.cap)
-    out = Decisions(plan, stats.Settings.from_config(config).alpha, tests, spending)
+    out = Decisions(plan, paired.Settings.from_config(config).alpha, tests, spending)
     try:
         state = read_state(".", results)  # the driver's own record and reader
     except DecideError as err:
@@ -169,8 +171,8 @@ def displayed(config: dict, verdicts: list[ClaimVerdict], results: str | Path) -
         if v.claim == "C4":
             m = len(CLAIMS) * len(v.cells)
             for cell in v.cells:
-                if cell.outcome in (INCONCLUSIVE, sequential.FUTILE) and stats.FAILS in cell.parts.values():
-                    failed = [k for k, o in cell.parts.items() if o == stats.FAILS]
+                if cell.outcome in (INCONCLUSIVE, sequential.FUTILE) and paired.FAILS in cell.parts.values():
+                    failed = [k for k, o in cell.parts.items() if o == paired.FAILS]
                     cell.why = cell.why or (f"{', '.join(failed)} {'fails' if len(failed) == 1 else 'fail'} here at "
                                             f"{'its' if len(failed) == 1 else 'their'} own level, not at "
                                             f"Bonferroni's across the grid's {m} (claim, cell, budget) tests")
@@ -224,9 +226,9 @@ def _decision(claim: str, key: str, claim_outcome: str, t: TestOutcome, design: 
         return d
     if not looks:
         d.reason = WAITS
-    elif t.outcome == stats.HOLDS:
+    elif t.outcome == paired.HOLDS:
         d.reason = HOLD
-    elif t.outcome == stats.FAILS:
+    elif t.outcome == paired.FAILS:
         d.reason = FAIL
     elif t.outcome == sequential.FUTILE:
         d.reason = CAP if looks[-1]["look"] == len(design.plan.looks) else FUTILITY
@@ -300,9 +302,9 @@ def markdown(d: Decisions) -> str:
     futility = (f"a test whose conditional power at the cap is below {plan.futility:g} stops as \"undecided within "
                 f"the cap\" from look {plan.futility_from} on (non-binding: the boundaries ignore it)"
                 if plan.futility is not None else "no futility stop")
-    gamma = f" (gamma {plan.gamma:g})" if plan.spending == "hwang_shih_decani" else ""
+    spent_by = spending_label(plan.spending, plan.gamma, "`")
     parts = [f"**Plan:** looks at {', '.join(map(str, plan.looks))} paired seeds (the cap: {plan.cap}); each test's "
-             f"error spent across its looks by `{plan.spending}`{gamma} over the information fraction, "
+             f"error spent across its looks by {spent_by} over the information fraction, "
              f"{100 * d.alpha:g}% to hold wrongly and {100 * d.alpha:g}% / k to fail wrongly (k: its claim's deciding "
              f"tests); futility: {futility}.",
              _looks_run(d),

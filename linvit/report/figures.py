@@ -23,10 +23,10 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from linvit.claims.verdicts import ClaimVerdict
 from linvit.grid import BENCHMARK_FIGURES, FIGURE_FORMATS, REPORT_FIGURES
 from linvit.io import atomic_path
 from linvit.report.aggregate import ID_COLUMNS
-from linvit.report.claims import ClaimVerdict
 from linvit.report.figures_accuracy import (draw_accuracy_by_budget, draw_accuracy_by_init, draw_gap_closed_heatmap,
                                             draw_training_curves)
 from linvit.report.figures_attention import draw_attention_maps, draw_fidelity_by_block, map_dpi

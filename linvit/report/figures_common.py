@@ -17,13 +17,13 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT
-from linvit.report import stats
+from linvit.stats import paired
 
 DPI = 150  # save_figure's resolution for the PNG (attention_maps lowers it for very large grids)
 REFERENCE_LABEL = "softmax reference"
 REFERENCE_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.2}
 SEED_COLOR, MEAN_COLOR = "0.55", "C0"
-# Intervals over seeds: the claims' t interval (linvit.report.stats.seed_interval, n - 1 degrees of
+# Intervals over seeds: the claims' t interval (linvit.stats.paired.seed_interval, n - 1 degrees of
 # freedom, at the config's `claims.level`), not seaborn's percentile bootstrap, which covered 79-85% at
 # 3-5 seeds (docs/statistics.md). CI_SEED seeds the strip plot's jitter, so reruns draw identical figures.
 CI_SEED = 0
@@ -154,10 +154,10 @@ def _budget_label(b: float) -> str:
 
 
 def _seed_ci(config: dict):
-    """seaborn's `errorbar`: the claims' t interval over seeds at the config's level (stats.seed_interval)."""
-    level = stats.Settings.from_config(config).level
-    return lambda values: stats.seed_interval(values, level)
+    """seaborn's `errorbar`: the claims' t interval over seeds at the config's level (paired.seed_interval)."""
+    level = paired.Settings.from_config(config).level
+    return lambda values: paired.seed_interval(values, level)
 
 
 def _level_text(config: dict) -> str:
-    return f"{100 * stats.Settings.from_config(config).level:g}%"
+    return f"{100 * paired.Settings.from_config(config).level:g}%"

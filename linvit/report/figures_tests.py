@@ -16,7 +16,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from linvit.report.claims import CLAIMS, NOT_EVALUABLE, ClaimVerdict, TestOutcome
+from linvit.claims.table import CLAIMS
+from linvit.claims.verdicts import NOT_EVALUABLE, ClaimVerdict, TestOutcome
 from linvit.report.decisions import deciding_tests
 
 CAPTION = ("Each deciding test of each linear cell against its threshold (dashed), one panel per test: under a fixed "

@@ -8,30 +8,30 @@ and what this writes cannot disagree; anything else a user keeps in report/ is l
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
+from linvit.claims.judge import evaluate_claims, intervals_over
+from linvit.claims.roles import COPY_MLP_DISTILL, resolve_roles
+from linvit.claims.verdicts import ClaimVerdict, write_verdicts
 from linvit.config import NO_DESIGN, REFERENCE_INIT, budgets, design_names, design_specs, pretrained
-from linvit.grid import (REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_path, report_files, shards_dir,
-                         teacher_of)
+from linvit.grid import (CONTROL_VARIANT, REPORT_FILES, RESULTS_TABLES, Cell, operator_benchmark_path, report_files,
+                         shards_dir, teacher_of)
 from linvit.io import read_json, write_text
-from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, benchmark_jobs, collect, rule_costs,
-                                     write_csv)
-from linvit.report.claims import CONTROL_VARIANT, ClaimVerdict, evaluate_claims, intervals_over
+from linvit.report.aggregate import (STATUSES, ResultsError, attention_records, benchmark_jobs, collect,
+                                     load_predictions, rule_costs, write_csv)
 from linvit.report.claims_text import (budget_markdown, claims_markdown, control_markdown, coverage_section,
                                        mde_markdown, roles_markdown, rules_markdown, verdicts_table)
 from linvit.report.decisions import displayed, seed_ranges, section as decisions_section
-from linvit.report.sequential import Plan
-from linvit.report.figures_tests import CAPTION as TESTS_CAPTION
-from linvit.report.html_page import render_html
-from linvit.report.roles import COPY_MLP_DISTILL, resolve_roles
-from linvit.report.tables import cost_table, designs_table, pct, summarize, training_text, unequal_distillation
 from linvit.report.figures import (TESTS_FIGURE, accuracy_by_budget, accuracy_vs_throughput, attention_maps,
                                    claim_tests, cost_to_accuracy, fidelity_by_block, gap_closed_heatmap, write_figures)
+from linvit.report.figures_tests import CAPTION as TESTS_CAPTION
+from linvit.report.html_page import render_html
 from linvit.report.provenance import collect as collect_provenance, markdown as provenance_markdown
+from linvit.report.tables import cost_table, designs_table, pct, summarize, training_text, unequal_distillation
+from linvit.stats.sequential import Plan
 
 # The names come from linvit.grid (the workflow's list of the report's outputs), each spelled once there.
 README_MD, SUMMARY_CSV, SUMMARY_MD, CLAIMS_JSON, INDEX_HTML = REPORT_FILES
@@ -51,15 +51,14 @@ def write_report(config: dict, results: str | Path, report_dir: str | Path) -> l
     expected = [Path(p) for p in report_files(bench_path.exists(), report_dir, results)]
     expected += [report_dir / HARNESS_CSV] if harness is not None else []
     summary = summarize(runs, config)
-    verdicts = evaluate_claims(runs, config)
+    verdicts = evaluate_claims(runs, config, load_predictions(runs))
     costs = cost_table(runs, curves, config)
     jobs = benchmark_jobs(config, results)
 
     written = [write_csv(runs, results / RUNS_CSV), write_csv(curves, results / CURVES_CSV),
                write_csv(summary, report_dir / SUMMARY_CSV)]
     _write(report_dir / SUMMARY_MD, "# Summary over seeds\n\n" + _markdown(display_summary(summary)) + "\n", written)
-    claims_json = json.dumps([v.as_dict() for v in verdicts], indent=2, default=_json_default)
-    _write(report_dir / CLAIMS_JSON, claims_json + "\n", written)
+    written.append(write_verdicts(report_dir / CLAIMS_JSON, verdicts))
     figure_dir = report_dir / "figures"
     figures = (write_figures(runs, curves, config, figure_dir) + accuracy_by_budget(runs, config, figure_dir)
                + fidelity_by_block(runs, config, figure_dir)
@@ -525,11 +524,6 @@ def _acc_text(mean: float, std: float, n: int) -> str:
 
 def _num(x: float, fmt: str) -> str:
     return "n/a" if x is None or pd.isna(x) else format(x, fmt)
-
-
-def _json_default(value):
-    # numpy scalars from pandas reach the verdicts' numbers; NaN stays a float (json writes NaN).
-    return float(value)
 
 
 def harness_benchmarks(results: str | Path) -> pd.DataFrame | None:

@@ -10,9 +10,9 @@ import math
 
 import pandas as pd
 
+from linvit.claims.roles import COPY_MLP_DISTILL, RANDOM, is_baseline, resolve_roles, strategy_designs
 from linvit.config import NO_DESIGN, budgets, design_names, design_specs
 from linvit.grid import REFERENCE_INIT, REFERENCE_VARIANT, inits_of
-from linvit.report.roles import (COPY_MLP_DISTILL, RANDOM, is_baseline, resolve_roles, strategy_designs)
 
 CELL = ["dataset", "size", "variant", "budget"]  # a claim cell: students and reference of one budget
 # One summary row per (cell, init, design): the statistics over seeds.

@@ -1,17 +1,10 @@
 """The statistics behind the claim verdicts: paired t and Fieller intervals over seeds, with the
 test images' sampling variance added, and one-sided tests against a claim's threshold.
 
-Seeds are the unit of replication. A claim's statistic compares roles trained with the same seeds
-on the same test images, so it is paired on both (`pair`): the roles' runs are matched by seed (the
-seeds every role finished; the others are named) and image by image (runs on other test sets are a
-one-line `PairingError`, never paired silently). Without per-image predictions the cell is paired
-by seed on the runs' accuracies alone.
-
-A statistic is a contrast of accuracies, L = sum_r w_r acc_r (a difference: {a: 1, b: -1}), or a ratio
-of two contrasts (a share of a benefit). For a contrast, X[s, i] = sum_r w_r c[r, s, i] (c: 1 where
-run (r, s) is right on image i); each seed s gives its paired value L_s (the mean of X over images)
-and each image i its seed-mean m_i. The estimate is the grand mean of X; its variance around the
-truth (the expectation over seeds and over the population of test images) is estimated by
+A claim's statistic is a contrast of roles paired by seed and test image (linvit.stats.pairing): each
+seed s gives its paired value L_s (the mean of X over images) and each image i its seed-mean m_i. The
+estimate is the grand mean of X; its variance around the truth (the expectation over seeds and over the
+population of test images) is estimated by
 
     var_s(L_s) / n  +  var_i(m_i) / N  -  MS_interaction / (n N)
 
@@ -38,42 +31,36 @@ the distance from the threshold that the test would detect with 80% power,
 (inconclusive, too few seeds) gives `seeds_needed`: the paired seeds m at which it would decide with
 80% power if the truth were its estimate, with SE(m)^2 = per-seed variance / m + the images' part
 (which more seeds do not shrink), holding at alpha or failing at alpha / k (k: its claim's deciding
-tests, as `combine` reads a failure); a share also needs its denominator established. That is
+tests, as multitest.combine reads a failure); a share also needs its denominator established. That is
 "observed power", as noisy as the estimate, so `seeds_needed_low` / `_high` give the range for
 truths at either end of the estimate's 50% interval (high is inf when that interval reaches the
 threshold).
 
-A claim with several deciding tests holds when all hold (an intersection-union test, at alpha with
-no correction) and fails when one fails at alpha / k (Bonferroni, Holm's first step; k counts every
-deciding test, also one that could not be evaluated). `holm` corrects across a family whose size is
-fixed by the design: a NaN p-value counts in it and is never rejected. The method's calibration by
-simulation is linvit.report.calibration (docs/statistics.md).
+A claim with several deciding tests combines them in linvit.stats.multitest. The method's calibration by
+simulation is linvit.claims.calibration (docs/statistics.md).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
 
-from linvit.predictions import Predictions
+from linvit.stats.pairing import Contrast, Sample, contrast_moments
 
 HOLDS, FAILS, INCONCLUSIVE, TOO_FEW = "holds", "fails", "inconclusive", "too few seeds"
 OUTCOMES = (HOLDS, FAILS, INCONCLUSIVE, TOO_FEW)
 DEFAULTS = {"level": 0.95, "min_seeds": 3}
-SEEDS_AND_IMAGES, SEEDS_ONLY = "seeds and test images", "seeds only (no per-image predictions)"
 POWER = 0.8  # of the minimum detectable effect
 # A contrast whose standard error is this small has none: every paired seed (and image) gave the same value,
 # e.g. identical or collapsed runs. A t test on a zero variance estimate has no error rate, so it decides
 # nothing (accuracies are on [0, 1]: one test image of 10^5 moves a contrast by 1e-5).
 ZERO_SE = 1e-12
 NO_TEST = "no test: the contrast has zero variance (identical or collapsed runs?)"
-
-Contrast = Mapping[str, float]  # role -> weight: the statistic sum_r w_r acc_r
 
 
 @dataclass(frozen=True)
@@ -99,83 +86,6 @@ class Settings:
     def alpha(self) -> float:
         """The error of each one-sided test: (1 - level) / 2."""
         return (1 - self.level) / 2
-
-
-class PairingError(ValueError):
-    """Runs that cannot be paired image by image (different test sets)."""
-
-
-@dataclass(frozen=True)
-class Run:
-    """One finished run of a role: its seed, test accuracy and per-image predictions (None when it has none)."""
-
-    seed: int
-    acc: float
-    predictions: Predictions | None = None
-    name: str = ""  # for messages: the file or run key
-
-
-@dataclass
-class Sample:
-    """The paired data of one claim cell: per role, a (seeds x images) correctness matrix (seeds in
-    `seeds` order, images in the test split's order), or (seeds x 1) accuracies without predictions.
-    Its moments are computed once, on first use by `estimate` or `test`, for as long as `matrices` is
-    the same dict."""
-
-    matrices: dict[str, np.ndarray]
-    seeds: list[int]
-    images: int  # 0: no per-image predictions
-    mode: str
-    missing: dict[str, list[int]] = field(default_factory=dict)  # role -> seeds it lacks that others have
-
-    def describe(self) -> str:
-        """'3 seeds (0, 1, 2) x 10000 test images', '3 seeds (0, 1, 2); seeds only (no per-image
-        predictions)', with the seeds a role lacks named."""
-        seeds = f"{len(self.seeds)} seed{'s' if len(self.seeds) != 1 else ''} ({', '.join(map(str, self.seeds))})"
-        used = f"{seeds} x {self.images} test images" if self.images else seeds
-        note = "" if self.mode == SEEDS_AND_IMAGES else f"; {self.mode}"
-        gaps = "; ".join(f"seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))} missing for {role}"
-                         for role, s in self.missing.items())
-        return used + note + (f"; {gaps}" if gaps else "")
-
-
-def pair(runs: Mapping[str, list[Run]]) -> Sample:
-    """Pair the roles' runs by seed (the seeds all roles have) and by test image; PairingError when
-    two runs' test sets differ (or a role has no run). Without predictions for every paired run, the
-    matrices hold the runs' accuracies (seeds only)."""
-    by_seed = {role: {r.seed: r for r in rs} for role, rs in runs.items()}
-    empty = [role for role, rs in by_seed.items() if not rs]
-    if empty:
-        raise PairingError(f"no finished run of {', '.join(empty)}")
-    common = sorted(set.intersection(*(set(s) for s in by_seed.values())))
-    every = set().union(*(set(s) for s in by_seed.values()))
-    missing = {role: sorted(every - set(s)) for role, s in by_seed.items() if every - set(s)}
-    if not common:
-        raise PairingError("the roles share no seed (" + "; ".join(
-            f"{role}: seeds {', '.join(map(str, sorted(s)))}" for role, s in by_seed.items()) + ")")
-    chosen = {role: [s[seed] for seed in common] for role, s in by_seed.items()}
-    if all(r.predictions is not None for rs in chosen.values() for r in rs):
-        first = chosen[next(iter(chosen))][0]
-        for rs in chosen.values():
-            for r in rs:
-                _same_test_set(first, r)
-        matrices = {role: np.stack([r.predictions.correct for r in rs]).astype(np.float32)
-                    for role, rs in chosen.items()}
-        mode = SEEDS_AND_IMAGES
-        return Sample(matrices, common, first.predictions.samples, mode, missing)
-    matrices = {role: np.array([[r.acc] for r in rs], dtype=np.float64) for role, rs in chosen.items()}
-    return Sample(matrices, common, 0, SEEDS_ONLY, missing)
-
-
-def _same_test_set(a: Run, b: Run) -> None:
-    pa, pb = a.predictions, b.predictions
-    what = f"cannot pair {a.name or f'seed {a.seed}'} with {b.name or f'seed {b.seed}'}"
-    if pa.samples != pb.samples:
-        raise PairingError(f"{what}: {pa.samples} vs {pb.samples} test images")
-    if pa.digest != pb.digest:
-        raise PairingError(f"{what}: different test sets (split digest {pa.digest[:12]} vs {pb.digest[:12]})")
-    if not np.array_equal(pa.label, pb.label):
-        raise PairingError(f"{what}: same test images but different labels")
 
 
 @dataclass(frozen=True)
@@ -217,61 +127,6 @@ class TestResult:
     seeds_needed_high: float = math.nan
 
 
-class _Moments:
-    """Every role's mean accuracy over the paired seeds and images, and the (co)variance of those means
-    in two parts: seeds (covariance of the per-seed accuracies / n) and test images (covariance of the
-    per-image seed-means / N, less the seed-by-image interaction, which the seed part already carries).
-    Computed once per sample (`Sample` caches it): every statistic of a cell is a projection of these
-    (role x role) matrices, so a cell's ten tests cost one pass over its data."""
-
-    def __init__(self, sample: Sample):
-        self.roles = list(sample.matrices)
-        c = np.stack([sample.matrices[r] for r in self.roles]).astype(np.float64)  # (roles, seeds, images)
-        k, n, N = c.shape
-        self.n, self.N = n, sample.images
-        rows, cols = c.mean(axis=2), c.mean(axis=1)  # per-seed accuracies, per-image seed-means
-        self.means = rows.mean(axis=1)
-        self.seed = np.cov(rows, ddof=1).reshape(k, k) / n if n > 1 else np.full((k, k), np.nan)
-        self.image = np.zeros((k, k))
-        if self.N > 1:
-            self.image = np.cov(cols, ddof=1).reshape(k, k) / N
-            if n > 1:
-                # The interaction's cross-products from the raw ones (no residual matrices):
-                # sum_si c c' - N sum_s rows rows' - n sum_i cols cols' + nN mean mean'.
-                flat = c.reshape(k, n * N)
-                interaction = (flat @ flat.T - N * rows @ rows.T - n * cols @ cols.T
-                               + n * N * np.outer(self.means, self.means)) / ((n - 1) * (N - 1))
-                self.image -= interaction / (n * N)
-
-    def project(self, parts: Sequence[Contrast]) -> tuple[np.ndarray, np.ndarray]:
-        """The contrasts' means and the covariance of those means: seed part plus image part, the image
-        part's negative directions set to 0 (its unbiased estimate can dip below 0 when it is tiny)."""
-        means, seed, image = self.project_parts(parts)
-        return means, seed + image
-
-    def project_parts(self, parts: Sequence[Contrast]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The contrasts' means, and their covariance's seed part (which shrinks as 1 / seeds) and image
-        part (which does not: every seed shares the test images), apart."""
-        unknown = {r for p in parts for r in p} - set(self.roles)
-        if unknown:
-            raise KeyError(f"no runs of {', '.join(sorted(unknown))} in the sample")
-        w = np.array([[float(p.get(r, 0.0)) for r in self.roles] for p in parts])
-        image = w @ self.image @ w.T
-        if len(parts) == 1:
-            image = np.clip(image, 0.0, None)
-        else:
-            vals, vecs = np.linalg.eigh(image)
-            image = (vecs * np.clip(vals, 0.0, None)) @ vecs.T
-        return w @ self.means, w @ self.seed @ w.T, image
-
-
-def _moments(sample: Sample) -> _Moments:
-    cached = sample.__dict__.get("_moments")
-    if cached is None or cached[0] is not sample.matrices:
-        cached = sample.__dict__["_moments"] = (sample.matrices, _Moments(sample))
-    return cached[1]
-
-
 @functools.lru_cache(maxsize=4096)
 def _quantile(p: float, df: float) -> float:
     """The t distribution's p quantile (scipy.special: a ufunc, ~100x quicker than scipy.stats.t)."""
@@ -291,14 +146,8 @@ def _p_below(mean: float, se: float, df: float) -> float:
 
 def _statistic(sample: Sample, numerator: Contrast, denominator: Contrast | None):
     """(n, N, means, covariance) of the numerator (and denominator) contrast."""
-    n, N, means, seed, image = _statistic_parts(sample, numerator, denominator)
+    n, N, means, seed, image = contrast_moments(sample, numerator, denominator)
     return n, N, means, seed + image
-
-
-def _statistic_parts(sample: Sample, numerator: Contrast, denominator: Contrast | None):
-    """(n, N, means, the covariance's seed part, its image part) of the numerator (and denominator)."""
-    m = _moments(sample)
-    return m.n, m.N, *m.project_parts([numerator] if denominator is None else [numerator, denominator])
 
 
 def _se(cov: np.ndarray, w: Sequence[float]) -> float:
@@ -380,7 +229,7 @@ def test(sample: Sample, numerator: Contrast, denominator: Contrast | None, thre
     only at alpha / k: what seeds_needed sizes a failure for (the outcome itself is at alpha)."""
     if side not in ("<=", ">="):
         raise ValueError(f"side must be '<=' or '>=', got {side!r}")
-    n, N, means, seed, image = _statistic_parts(sample, numerator, denominator)
+    n, N, means, seed, image = contrast_moments(sample, numerator, denominator)
     cov = seed + image
     est = _estimate(n, N, means, cov, denominator is not None, settings)  # one projection for both
     if n < 2:
@@ -458,41 +307,3 @@ def seed_interval(values: Sequence[float], level: float = DEFAULTS["level"]) -> 
     half = _quantile(1 - (1 - level) / 2, len(x) - 1) * float(x.std(ddof=1)) / math.sqrt(len(x))
     return float(x.mean()) - half, float(x.mean()) + half
 
-
-def combine(results: Sequence, settings: Settings, k: int | None = None) -> str:
-    """A claim whose deciding tests must all hold (each result has `outcome` and `p_fails`): holds when
-    every one holds, fails when one fails at alpha / k (Bonferroni; k: the claim's deciding tests, by
-    default len(results)), too few seeds when one has too few and none fails, else inconclusive."""
-    if not results:
-        return INCONCLUSIVE
-    k = len(results) if k is None else k
-    if any(not math.isnan(r.p_fails) and r.p_fails <= settings.alpha / k and r.outcome != TOO_FEW
-           for r in results):
-        return FAILS
-    outcomes = [r.outcome for r in results]
-    if all(o == HOLDS for o in outcomes):
-        return HOLDS
-    return TOO_FEW if TOO_FEW in outcomes else INCONCLUSIVE
-
-
-def combined_p_fails(results: Sequence, k: int | None = None) -> float:
-    """The claim's p-value against it holding, as `combine` reads it: k x the smallest p_fails (Bonferroni
-    over its k deciding tests, by default len(results), capped at 1) among the tests that can decide (not
-    too few seeds) and have one (a share whose denominator is not established has none); NaN when none
-    does. Independent of the tests' order, so combine's "fails" and this p-value at alpha always agree."""
-    usable = [r.p_fails for r in results if r.outcome != TOO_FEW and not math.isnan(r.p_fails)]
-    return min(1.0, (len(results) if k is None else k) * min(usable)) if usable else math.nan
-
-
-def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
-    """Holm's step-down rejections at family-wise error alpha over every member of the family: a NaN
-    p-value (a member the data could not test) still counts in its size m and is never rejected, so the
-    correction is fixed by the design, not by which members the data happened to test."""
-    order = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
-    rejected = [False] * len(p_values)
-    m = len(p_values)
-    for rank, (p, i) in enumerate(order):
-        if p > alpha / (m - rank):
-            break
-        rejected[i] = True
-    return rejected

@@ -1,19 +1,10 @@
-"""The claims under test, as one table, and the one evaluator that judges them cell by cell.
-
-Each claim is one `Claim` entry of `CLAIMS`: its name, the paper's sentence and its tests. A test is
-a statistic over roles (linvit.report.roles), a side and a named threshold; a test either decides the
-claim or is reported beside it. The roles a claim needs are derived from its statistics, and the
-report's rules text is generated from this table (linvit.report.claims_text), so a claim is defined
-here and nowhere else.
-
-    share of the benefit   (acc(a) - acc(b)) / (acc(copy_all) - acc(random))
-    difference             acc(a) - acc(b), in percentage points
+"""The one evaluator that judges the claims table (linvit.claims.table) cell by cell.
 
 A claim cell is (dataset, size, variant, budget): students compared with the roles and the softmax
 reference trained with the same budget. Each test pairs its own roles' runs by seed and test image
-(linvit.report.stats.pair) and is judged by linvit.report.stats.test: holds, fails, inconclusive, or
+(linvit.stats.pairing.pair) and is judged by linvit.stats.paired.test: holds, fails, inconclusive, or
 too few seeds (below `claims.min_seeds`). A claim holds in a cell when all its deciding tests hold;
-it fails when one fails at the Bonferroni level across its k deciding tests (stats.combine), k counting
+it fails when one fails at the Bonferroni level across its k deciding tests (multitest.combine), k counting
 every deciding test of the claim, so a failure stands even where another test is not evaluable (a
 role the grid lacks, runs that do not pair); otherwise such a cell is not evaluable.
 
@@ -25,251 +16,35 @@ family is every such triple, also the ones not judged: its size does not depend 
 (`softmax` listed in `variants`: the attention-transfer setting without a softmax-to-linear boundary)
 are evaluated with the same tests but decide no claim; the report shows them beside each variant.
 
-The evaluator returns numbers only; the words are the renderer's.
+The evaluator returns numbers only (linvit.claims.verdicts); the words are the renderer's. It reads no
+file: the runs' per-image predictions are given (the report reads them, linvit.report.aggregate).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from linvit.config import (CHECKPOINT, CHECKPOINTS, NO_DESIGN, ONE_TEACHER, budgets, pretrained, seed_sequence,
-                           teacher_design)
+from linvit.claims.roles import ROLES, RoleMatch, resolve_roles
+from linvit.claims.table import (C4_STATEMENT, CLAIMS, REFERENCE, Claim, Design, Test, Thresholds, claim_cells,
+                                 linear_variants)
+from linvit.claims.verdicts import (CONTROL_NARROWED, NOT_EVALUABLE, NOT_TESTED, CellVerdict, ClaimVerdict,
+                                    TestOutcome, outcome_counts, outcome_word)
+from linvit.config import CHECKPOINT, CHECKPOINTS, NO_DESIGN, ONE_TEACHER, budgets, pretrained, teacher_design
 from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT, inits_of, run_key
-from linvit.report import sequential, stats
-from linvit.report.roles import (ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_MLP_DISTILL, MLP_ONLY, RANDOM,
-                                 ROLES, RoleMatch, resolve_roles)
-from linvit.report.stats import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
-
-NOT_EVALUABLE = "not evaluable"
-NOT_TESTED = "not tested"  # C4 on a grid that varies no dataset, size or linear variant (and each of its cells)
-REFERENCE = REFERENCE_INIT  # the softmax reference, as a role of a statistic
+from linvit.stats import multitest, paired, pairing, sequential
+from linvit.stats.paired import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
 
 
-@dataclass(frozen=True)
-class Statistic:
-    """sum of role weights x accuracies, over the benefit's own contrast when `share` (None: a difference)."""
-
-    name: str
-    label: str  # what it measures, in words
-    numerator: tuple[tuple[str, float], ...]
-    denominator: tuple[tuple[str, float], ...] | None = None
-
-    @property
-    def roles(self) -> list[str]:
-        return list(dict.fromkeys(r for r, _ in (*self.numerator, *(self.denominator or ()))))
-
-    @property
-    def is_share(self) -> bool:
-        return self.denominator is not None
-
-    def formula(self) -> str:
-        """'(attn_only - random) / (copy_all - random)', 'copy_mlp_distill - reference'."""
-        def text(terms):
-            return " - ".join(r for r, _ in terms) if len(terms) == 2 else " + ".join(r for r, _ in terms)
-        if self.denominator is None:
-            return text(self.numerator)
-        return f"({text(self.numerator)}) / ({text(self.denominator)})"
-
-
-def difference(name: str, a: str, b: str, label: str) -> Statistic:
-    return Statistic(name, label, ((a, 1.0), (b, -1.0)))
-
-
-def share(name: str, a: str, b: str, label: str, top: str = COPY_ALL, bottom: str = RANDOM) -> Statistic:
-    """A share of the pretrained benefit acc(top) - acc(bottom) (by default copy_all - random)."""
-    return Statistic(name, label, ((a, 1.0), (b, -1.0)), ((top, 1.0), (bottom, -1.0)))
-
-
-@dataclass(frozen=True)
-class Test:
-    """The claim `statistic <side> threshold`; threshold is a name of `Thresholds` ('negligible', 'most',
-    '-margin', 'zero') or None for a statistic reported with its interval alone."""
-
-    statistic: Statistic
-    side: str | None = None
-    threshold: str | None = None
-    decides: bool = True
-
-
-@dataclass(frozen=True)
-class Claim:
-    name: str
-    statement: str
-    tests: tuple[Test, ...]
-    note: str = ""
-
-    @property
-    def deciding(self) -> list[Test]:
-        return [t for t in self.tests if t.decides]
-
-    @property
-    def roles(self) -> list[str]:
-        """The roles every deciding test needs (the reported ones add theirs when the grid has them)."""
-        return list(dict.fromkeys(r for t in self.deciding for r in t.statistic.roles))
-
-
-CLAIMS = (
-    Claim("C1", "Copying softmax attention weights into a linear ViT barely helps, and can be worse than "
-                "random initialization.", (
-        Test(share("attn_alone", ATTN_ONLY, RANDOM, "attention copied alone (strict)"), "<=", "negligible"),
-        Test(share("attn_on_top", COPY_ALL, COPY_MLP, "attention added on top of everything else (symmetric)"),
-             "<=", "negligible"),
-        Test(difference("attn_worse", ATTN_ONLY, RANDOM, "attention alone worse than random"), "<=", "zero",
-             decides=False),
-    ), note="The attention's share is measured on its own, never as the complement of the MLPs' share."),
-    Claim("C2", "Copying the MLP weights carries most of the benefit of the pretrained model.", (
-        Test(share("mlp_alone", MLP_ONLY, RANDOM, "the MLPs copied alone (strict)"), ">=", "most"),
-        Test(share("mlp_on_top", COPY_ALL, COPY_ATTN, "the MLPs added on top of everything else (symmetric)"),
-             ">=", "most"),
-        Test(share("all_but_attn", COPY_MLP, RANDOM, "everything but the attention: embed, MLPs, norms, head "
-                                                     "(copy_mlp)"), ">=", "most", decides=False),
-    ), note="The verdict rests on the two statistics in which the MLPs are the only thing that differs; "
-            "copy_mlp copies everything but the attention and is reported under that name."),
-    Claim("C3", "Copied MLPs plus distilled attention close the gap to the softmax model, and can surpass it.", (
-        Test(difference("matches", COPY_MLP_DISTILL, REFERENCE, "matches the softmax reference (non-inferiority)"),
-             ">=", "-margin"),
-        Test(difference("surpasses", COPY_MLP_DISTILL, REFERENCE, "surpasses the softmax reference"), ">=", "zero",
-             decides=False),
-        Test(difference("distilled_vs_copied", COPY_MLP_DISTILL, COPY_ALL,
-                        "distilled attention against copied attention (the paper's contrast)"), decides=False),
-        Test(share("gap_closed", COPY_MLP_DISTILL, RANDOM, "gap closed to the softmax reference",
-                   top=REFERENCE, bottom=RANDOM), decides=False),
-    )),
-)
-CLAIM_NAMES = [c.name for c in CLAIMS] + ["C4"]
-C4_STATEMENT = "C1-C3 hold across linear variants, model sizes and datasets."
-STATEMENTS = {**{c.name: c.statement for c in CLAIMS}, "C4": C4_STATEMENT}
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    negligible: float = 0.25
-    most: float = 0.5
-    margin: float = 0.01
-
-    @classmethod
-    def from_config(cls, config: dict) -> Thresholds:
-        given = config.get("claims") or {}
-        if not isinstance(given, dict):
-            raise ValueError(f"config: 'claims' must be a mapping, got {given!r}")
-        values = {}
-        for key, default in asdict(cls()).items():
-            value = given.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"config: 'claims.{key}' is {value!r}, expected a number")
-            values[key] = float(value)
-        return cls(**values)
-
-    def value(self, name: str) -> float:
-        return {"negligible": self.negligible, "most": self.most, "-margin": -self.margin, "zero": 0.0}[name]
-
-
-@dataclass
-class TestOutcome:
-    """One test in one cell: numbers only (outcome '' for a statistic reported without a threshold)."""
-
-    name: str
-    outcome: str
-    estimate: float = math.nan
-    low: float = math.nan
-    high: float = math.nan
-    level: float = math.nan
-    p_holds: float = math.nan
-    p_fails: float = math.nan
-    mde: float = math.nan
-    seeds_needed: float = math.nan  # undecided: paired seeds to decide it with 80% power at the estimate
-    seeds_needed_low: float = math.nan  # ... and the range for truths in the estimate's 50% interval
-    seeds_needed_high: float = math.nan
-    threshold: float = math.nan
-    side: str = ""
-    decides: bool = True
-    seeds: int = 0
-    images: int = 0
-    note: str = ""
-    # Under a sequential plan (`sequential:`): the look the test stopped at (0 while it continues) and each
-    # look's numbers (linvit.report.sequential.Look.as_dict); low and high are the last look's repeated
-    # interval, at `level` = 1 - alpha - the fail side's alpha.
-    stopped: int = 0
-    looks: list = field(default_factory=list)
-
-
-@dataclass
-class CellVerdict:
-    """One claim in one (dataset, size, variant, budget) cell: the claim's outcome (holds, fails,
-    inconclusive, too few seeds, not evaluable; C4's cells "not tested" where the grid varies nothing),
-    each test's numbers, and `p_fails`, the claim's Bonferroni p-value against it holding
-    (stats.combined_p_fails; C4 corrects these across cells and budgets)."""
-
-    claim: str
-    dataset: str
-    size: str
-    variant: str
-    budget: int
-    outcome: str
-    tests: list[TestOutcome] = field(default_factory=list)
-    why: str = ""  # when not evaluable
-    p_fails: float = math.nan
-    control: bool = False
-    parts: dict[str, str] = field(default_factory=dict)  # C4: claim -> its outcome in this cell
-
-    @property
-    def evaluable(self) -> bool:
-        return self.outcome != NOT_EVALUABLE
-
-    @property
-    def key(self) -> str:
-        return f"{self.dataset}/{self.size}/{self.variant}/steps{self.budget}"
-
-    def test(self, name: str) -> TestOutcome | None:
-        return next((t for t in self.tests if t.name == name), None)
-
-
-@dataclass
-class ClaimVerdict:
-    claim: str
-    statement: str
-    verdict: str
-    counts: dict[str, int]
-    cells: list[CellVerdict]  # the linear variants' cells; control cells are in `controls`
-    controls: list[CellVerdict] = field(default_factory=list)
-    roles: dict[str, str | None] = field(default_factory=dict)  # role -> the strategy that fills it
-    designs: dict[str, str | None] = field(default_factory=dict)  # distilling role -> the design used
-    by_budget: list[dict] = field(default_factory=list)  # {"budget", "verdict", "counts"}
-    axes: dict[str, str] = field(default_factory=dict)  # C4: axis -> what the grid says about it
-    intervals: str = ""  # what its intervals are over (intervals_over): seeds, teachers, test images
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-# Why a control cell's test is not evaluated where `control_inits` leaves out one of its strategies.
-CONTROL_NARROWED = "not in the control (control_inits)"
-
-
-def claim_cells(config: dict) -> list[tuple[str, str, str, int]]:
-    """Every (dataset, size, variant, budget) cell, budget by budget (the control variant's too)."""
-    return [(d, s, v, int(b)) for b in budgets(config) for d in config["targets"] for s in config["sizes"]
-            for v in config["variants"]]
-
-
-def linear_variants(config: dict) -> list[str]:
-    return [v for v in config["variants"] if v != CONTROL_VARIANT]
-
-
-def evaluate_claims(runs: pd.DataFrame, config: dict, predictions: dict | None = None) -> list[ClaimVerdict]:
+def evaluate_claims(runs: pd.DataFrame, config: dict, predictions: dict) -> list[ClaimVerdict]:
     """C1-C4 per cell, per budget and overall, with every test's numbers.
 
-    predictions: (dataset, size, variant, init, design, budget, seed) -> linvit.predictions.Predictions;
-    by default read from the runs' `predictions` column (linvit.report.aggregate.load_predictions)."""
-    from linvit.report.aggregate import load_predictions  # aggregate is the reader of result files
-
-    thresholds, settings = Thresholds.from_config(config), stats.Settings.from_config(config)
+    predictions: (dataset, size, variant, init, design, budget, seed) -> linvit.predictions.Predictions, the
+    per-image predictions of the runs that have them (the report reads them: linvit.report.aggregate's
+    load_predictions); a run without is paired by seed alone."""
+    thresholds, settings = Thresholds.from_config(config), paired.Settings.from_config(config)
     design = Design.from_config(config)
-    if predictions is None:
-        predictions = load_predictions(runs)
     ok = runs[runs["status"] == "ok"]
     matches = resolve_roles(config)
     verdicts = []
@@ -302,7 +77,7 @@ def intervals_over(config: dict, size: str | None = None) -> str:
             return next(iter(phrases.values()), "")
         return "; ".join(f"{s}: {phrase}" for s, phrase in phrases.items())
     n, looks = len(config["seeds"]), (config.get("sequential") or {}).get("looks")
-    # Under a sequential plan each look reads its own number of seeds (linvit.report.sequential).
+    # Under a sequential plan each look reads its own number of seeds (linvit.stats.sequential).
     seeds = (f"the seeds of each look ({looks[0]} to {looks[-1]}, a sequential plan)" if looks
              else f"{n} seed{'s' if n != 1 else ''}")
     design = teacher_design(config, size)
@@ -334,11 +109,11 @@ class _Cell:
     def label(self, role: str) -> str:
         return "softmax reference" if role == REFERENCE else self.matches[role].label
 
-    def runs(self, role: str) -> list[stats.Run]:
+    def runs(self, role: str) -> list[pairing.Run]:
         init, design = self.key(role)
         variant = REFERENCE_VARIANT if role == REFERENCE else self.variant
         done = self.ok[(self.ok["variant"] == variant) & (self.ok["init"] == init) & (self.ok["design"] == design)]
-        return [stats.Run(int(r.seed), float(r.test_acc),
+        return [pairing.Run(int(r.seed), float(r.test_acc),
                           self.predictions.get((r.dataset, r.size, r.variant, r.init, r.design, r.budget, r.seed)),
                           f"{self.label(role)} seed {r.seed}") for r in done.itertuples()]
 
@@ -362,7 +137,7 @@ class _Cell:
         return f"no finished run of {', '.join(unfinished)}" if unfinished else ""
 
 
-def _judge(claim: Claim, cell: _Cell, thresholds: Thresholds, settings: stats.Settings) -> CellVerdict:
+def _judge(claim: Claim, cell: _Cell, thresholds: Thresholds, settings: paired.Settings) -> CellVerdict:
     verdict = CellVerdict(claim.name, cell.dataset, cell.size, cell.variant, cell.budget, NOT_EVALUABLE,
                           control=cell.variant == CONTROL_VARIANT)
     k = len(claim.deciding)  # the Bonferroni k: every deciding test, evaluable or not
@@ -376,17 +151,17 @@ def _judge(claim: Claim, cell: _Cell, thresholds: Thresholds, settings: stats.Se
         outcome = (FAILS if FAILS in outcomes else TOO_FEW if TOO_FEW in outcomes
                    else sequential.combine(judged) if judged else NOT_EVALUABLE)
     else:
-        outcome = stats.combine(judged, settings, k)  # reads each test's outcome and p_fails
+        outcome = multitest.combine(judged, settings, k)  # reads each test's outcome and p_fails
     blocked = [t for t in deciding if t.outcome == NOT_EVALUABLE]
     if blocked and outcome != FAILS:
         verdict.why = "; ".join(dict.fromkeys(t.note for t in blocked))  # each reason once
         return verdict
     verdict.outcome = outcome
-    verdict.p_fails = stats.combined_p_fails(judged, k)  # never from a too-few-seeds test; NaNs skipped
+    verdict.p_fails = multitest.combined_p_fails(judged, k)  # never from a too-few-seeds test; NaNs skipped
     return verdict
 
 
-def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.Settings, k: int = 1) -> TestOutcome:
+def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: paired.Settings, k: int = 1) -> TestOutcome:
     """One test in one cell; k: the deciding tests of its claim (for the seeds that would fail it)."""
     s = test.statistic
     out = TestOutcome(s.name, NOT_EVALUABLE, decides=test.decides, side=test.side or "")
@@ -399,18 +174,18 @@ def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.S
         out.threshold = thresholds.value(test.threshold)
         return _sequential_test(out, test, runs, cell, settings, k)
     try:
-        sample = stats.pair(runs)
-    except stats.PairingError as err:
+        sample = pairing.pair(runs)
+    except pairing.PairingError as err:
         out.note = f"runs cannot be paired: {err}"
         return out
     numerator, denominator = dict(s.numerator), dict(s.denominator) if s.denominator else None
     out.seeds, out.images = len(sample.seeds), sample.images
     if test.threshold is None:
-        e = stats.estimate(sample, numerator, denominator, settings)
+        e = paired.estimate(sample, numerator, denominator, settings)
         out.outcome = ""
     else:
         out.threshold = thresholds.value(test.threshold)
-        result = stats.test(sample, numerator, denominator, out.threshold, test.side, settings, k)
+        result = paired.test(sample, numerator, denominator, out.threshold, test.side, settings, k)
         e = result.estimate
         out.outcome, out.p_holds, out.p_fails, out.mde, out.note = (result.outcome, result.p_holds, result.p_fails,
                                                                     result.mde, result.note)
@@ -420,44 +195,11 @@ def _run_test(test: Test, cell: _Cell, thresholds: Thresholds, settings: stats.S
     return out
 
 
-OUTCOME_ORDER = (HOLDS, FAILS, INCONCLUSIVE, TOO_FEW, NOT_EVALUABLE)
-SEQUENTIAL_OUTCOMES = (sequential.CONTINUES, sequential.FUTILE)  # a sequential design's undecided cells
-# A claim cell whose continuing tests the next look gives seeds (linvit.decide.Driver.next_added): continuing,
-# or not evaluable because another of its tests is blocked (a failure of one still stands: _judge).
-STILL_OPEN = (sequential.CONTINUES, NOT_EVALUABLE)
-
-
-def _counts(cells: list[CellVerdict]) -> dict[str, int]:
-    """Cells per outcome (and per NOT_TESTED, for C4's cells on a grid that varies nothing, and per
-    sequential outcome where a cell has one)."""
-    counts = {o: sum(c.outcome == o for c in cells) for o in OUTCOME_ORDER}
-    for o in SEQUENTIAL_OUTCOMES:
-        if any(c.outcome == o for c in cells):
-            counts[o] = sum(c.outcome == o for c in cells)
-    untested = sum(c.outcome == NOT_TESTED for c in cells)
-    return {**counts, NOT_TESTED: untested} if untested else counts
-
-
-def outcome_word(counts: dict[str, int]) -> str:
-    """'supported' (every evaluable cell holds), 'not supported' (every one fails), 'too few seeds',
-    'inconclusive', 'not evaluable', else 'mixed (1 holds, 1 fails, ...)'. Where some cells are not
-    evaluable, a verdict says that it speaks for the others: 'supported in the cells judged (1 of 4)'."""
-    judged = {o: n for o, n in counts.items() if o not in (NOT_EVALUABLE, NOT_TESTED)}
-    n, blocked = sum(judged.values()), counts.get(NOT_EVALUABLE, 0)
-    if n == 0:
-        return NOT_EVALUABLE
-    for outcome, word in ((HOLDS, "supported"), (FAILS, "not supported"), (TOO_FEW, TOO_FEW),
-                          (INCONCLUSIVE, INCONCLUSIVE), *((o, o) for o in SEQUENTIAL_OUTCOMES)):
-        if judged.get(outcome, 0) == n:
-            return f"{word} in the cells judged ({n} of {n + blocked})" if blocked else word
-    return "mixed (" + ", ".join(f"{k} {o}" for o, k in judged.items() if k) + ")"
-
-
 def _overall(name: str, statement: str, cells: list[CellVerdict], absent: list[str]) -> ClaimVerdict:
     """The claim over its cells. A role the grid lacks leaves every cell short of holding, but a failure
     stands where another test is blocked (_judge), so the cells speak first: 'not evaluable' only where
     none of them could be judged."""
-    counts = _counts(cells)
+    counts = outcome_counts(cells)
     verdict = outcome_word(counts) if cells else f"{NOT_EVALUABLE}: the grid has no cells"
     if absent and verdict == NOT_EVALUABLE:
         verdict = f"{NOT_EVALUABLE}: no strategy of the grid fills " + "; ".join(absent)
@@ -485,7 +227,7 @@ def _per_budget(verdict: ClaimVerdict, absent: list[str], config: dict, fixed: s
         verdict.verdict += "; " + ", ".join(f"at {b['budget']} steps {w}" for b, w in zip(verdict.by_budget, words))
 
 
-def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings,
+def _c4(verdicts: list[ClaimVerdict], config: dict, settings: paired.Settings,
         design: Design | None = None) -> ClaimVerdict:
     """C1-C3 together per linear cell and budget. Holds in a cell when all three hold there (an
     intersection-union rule: "holds everywhere" needs no correction, each test at alpha); fails when one
@@ -500,12 +242,12 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings,
     if design is None:
         p_values = [p.p_fails if p.outcome in (FAILS, INCONCLUSIVE, HOLDS) else math.nan
                     for parts in rows for p in parts]
-        rejected = iter(stats.holm(p_values, settings.alpha))
+        rejected = iter(multitest.holm(p_values, settings.alpha))
         failures = [[p.claim for p in parts if next(rejected)] for parts in rows]
     else:
         # Under a sequential plan, Bonferroni over the same family: a claim fails in C4 when one of its tests
         # crossed a fail side spending alpha / (k m) on its own looks (Holm needs p-values that a non-binding
-        # stop does not give; linvit.report.sequential).
+        # stop does not give; linvit.stats.sequential).
         m = sum(len(parts) for parts in rows)
         k = {c.name: len(c.deciding) for c in CLAIMS}
         failures = [[p.claim for p in parts
@@ -543,7 +285,7 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings,
         else:
             per = []
             for value in values:
-                word = outcome_word(_counts([c for c in cells if getattr(c, column) == value]))
+                word = outcome_word(outcome_counts([c for c in cells if getattr(c, column) == value]))
                 per.append(f"{value}: {word}")
             result.axes[axis] = "; ".join(per)
     fixed = None
@@ -553,43 +295,14 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: stats.Settings,
         fixed = result.verdict = f"{NOT_TESTED}: the grid varies no dataset, size or linear variant"
         for cell in cells:
             cell.outcome = NOT_TESTED
-        result.counts = _counts(cells)
+        result.counts = outcome_counts(cells)
     _per_budget(result, [], config, fixed)
     return result
 
 
-@dataclass(frozen=True)
-class Design:
-    """A sequential plan and the seeds of each of its looks (linvit.config.seed_sequence): look k reads the
-    first plan.looks[k] seeds of the design, so no look is re-read with seeds that came after it."""
-
-    plan: sequential.Plan
-    seeds: tuple[tuple[int, ...], ...]
-    # Written by linvit decide into the look's config: the look it runs now (read with the runs it has: one
-    # that could not finish is dropped from it and named), and each earlier look's dropped runs (run keys),
-    # which stay out of that look when it is read again. None: no driver, each look read once all its seeds
-    # have paired.
-    current: int | None = None
-    dropped: dict[int, frozenset[str]] = field(default_factory=dict)
-
-    @classmethod
-    def from_config(cls, config: dict) -> Design | None:
-        plan = sequential.Plan.from_config(config)
-        if plan is None:
-            return None
-        dropped = {int(d["look"]): frozenset(d["runs"]) for d in config.get("dropped_runs") or []}
-        return cls(plan, tuple(tuple(seed_sequence(config, n)) for n in plan.looks), config.get("decide_look"),
-                   dropped)
-
-    def reads(self, look: int, complete: bool) -> bool:
-        """Whether look `look` (1-based) is read: once all its seeds have paired, or, under the driver, when it
-        is the driver's look or an earlier one (with the runs it had)."""
-        return complete or (self.current is not None and look <= self.current)
-
-
-def _sequential_test(out: TestOutcome, test: Test, runs: dict[str, list[stats.Run]], cell: _Cell,
-                     settings: stats.Settings, k: int) -> TestOutcome:
-    """A deciding test read at its design's looks (linvit.report.sequential), the hold side at alpha, the fail
+def _sequential_test(out: TestOutcome, test: Test, runs: dict[str, list[pairing.Run]], cell: _Cell,
+                     settings: paired.Settings, k: int) -> TestOutcome:
+    """A deciding test read at its design's looks (linvit.stats.sequential), the hold side at alpha, the fail
     side at alpha / k (k: its claim's deciding tests). Each look pairs its own seeds' runs (so a later run
     never changes an earlier look's sample or mode) and is read once they have all paired or, under the
     driver, at its look with the runs it has: a run that could not finish is dropped from that look and
@@ -605,8 +318,8 @@ def _sequential_test(out: TestOutcome, test: Test, runs: dict[str, list[stats.Ru
         if not design.reads(j + 1, complete=not lacking):
             break
         try:
-            sample = stats.pair(part)
-        except stats.PairingError:
+            sample = pairing.pair(part)
+        except pairing.PairingError:
             sample = None
         if sample is None or len(sample.seeds) < max(2, settings.min_seeds):
             if not samples:  # look 1 cannot be read: too few of its runs finished

@@ -3,7 +3,7 @@
 AdaStop (PyPI `adastop`, its `MultipleAgentsComparator`) decides, interim by interim, whether agents differ:
 a two-sided permutation test over several agents (here two), its level spent linearly over K interims of n
 seeds per agent, no interval, no margin, the agents' seeds unpaired. linvit's design
-(linvit.report.sequential) is a paired one-sided t test against a threshold at each look, Lan-DeMets
+(linvit.stats.sequential) is a paired one-sided t test against a threshold at each look, Lan-DeMets
 spending per side, repeated intervals and a futility rule. This script gives both the same draws and counts
 how often each finds a difference, in which direction and after how many seeds.
 
@@ -23,7 +23,7 @@ The procedures, each on the first n seeds of both roles at its looks:
 - AdaStop: MultipleAgentsComparator(n=5, K=6, B=10000, alpha, beta=0): interims at 5, 10, ..., 30 seeds
   per agent; "larger" / "smaller" is a decision, "equal" at the end none; its permutations' seed is the
   path's. At alpha 0.05, as documented, and at 0.025, where its error is 5% (see ADASTOP_ALPHAS).
-- linvit: sequential.sequential_test of a - b >= 0 (threshold 0) on the paired sample (stats.pair, looks read
+- linvit: sequential.sequential_test of a - b >= 0 (threshold 0) on the paired sample (pairing.pair, looks read
   by sequential.look_sample as linvit decide reads them), alpha 2.5% on the hold side (a > b) and 2.5% on the
   fail side (a < b), so 5% in all, as AdaStop's documented alpha; the default spending. At AdaStop's looks
   (5, 10, ..., 30) with the default futility rule (conditional power 0.1 from look 2) and without it, and
@@ -34,7 +34,7 @@ Reported per (noise, procedure): the error at truth 0 (any decision; the target 
 "Beside AdaStop".
 
     pip install -e '.[compare]'                   # adastop, pinned (also in the test extra)
-    python -m linvit.report.compare_adastop        # 500 paths per (noise, truth); --paths, --jobs, --csv
+    python -m linvit.claims.compare_adastop        # 500 paths per (noise, truth); --paths, --jobs, --csv
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from linvit.report import sequential, stats
+from linvit.stats import paired, pairing, sequential
 
 ADASTOP = "adastop==0.1.3"  # the version measured (pyproject.toml's `compare` and `test` extras)
 BASE, SD = 0.80, 0.02
@@ -120,12 +120,12 @@ class Outcome:
 
 def run_linvit(a: np.ndarray, b: np.ndarray, plan: sequential.Plan) -> Outcome:
     """linvit's sequential test of a - b >= 0 on the paired seeds, at the plan's looks."""
-    runs = {"a": [stats.Run(s, float(x)) for s, x in enumerate(a)],
-            "b": [stats.Run(s, float(x)) for s, x in enumerate(b)]}
-    full = stats.pair(runs)
+    runs = {"a": [pairing.Run(s, float(x)) for s, x in enumerate(a)],
+            "b": [pairing.Run(s, float(x)) for s, x in enumerate(b)]}
+    full = pairing.pair(runs)
     samples = [sequential.look_sample(full, full.seeds[:n]) for n in plan.looks]
     r = sequential.sequential_test(samples, CONTRAST, None, 0.0, ">=", plan, ALPHA / 2, ALPHA / 2)
-    decision = {stats.HOLDS: LARGER, stats.FAILS: SMALLER}.get(r.outcome, NONE)
+    decision = {paired.HOLDS: LARGER, paired.FAILS: SMALLER}.get(r.outcome, NONE)
     return Outcome(decision, r.looks[-1].seeds)
 
 

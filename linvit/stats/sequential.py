@@ -5,12 +5,12 @@ configured, and each later look adds seeds, up to `looks[k]` paired seeds, only 
 undecided test still needs. Rereading a fixed-n interval after adding seeds is optional stopping (its
 stated error no longer holds); here every look has its own boundary, from an alpha-spending function
 fixed in the plan, so that over the whole sequence a test holds wrongly at most `alpha` and fails wrongly
-at most `fail_alpha` (alpha / k for a claim of k deciding tests, the Bonferroni split of `stats.combine`).
+at most `fail_alpha` (alpha / k for a claim of k deciding tests, the Bonferroni split of `multitest.combine`).
 
 The method (Jennison and Turnbull 2000, ch. 7 and 19; Lan and DeMets 1983):
 
 - Each test keeps its statistic: a contrast, or a share through num - threshold x den, paired by seed and
-  test image as in linvit.report.stats. At look k (its first n_k seeds in the design's seed order) it has
+  test image as in linvit.stats.pairing. At look k (its first n_k seeds in the design's seed order) it has
   the estimate, SE_k^2 = per-seed variance / n_k + the test images' part, and T_k = estimate / SE_k.
 - The information fraction t_k = I_k / I_cap with I = 1 / SE^2, from look k's own variance estimates:
   t_k = (v / n_cap + w) / (v / n_k + w), v the per-seed variance, w the images' part, which more seeds do
@@ -18,7 +18,7 @@ The method (Jennison and Turnbull 2000, ch. 7 and 19; Lan and DeMets 1983):
   fractions of earlier looks are those computed at those looks, so no look is re-decided with later data.
 - Each side's boundary at look k spends alpha(t_k) - alpha(t_{k-1}) of its error under the canonical joint
   distribution of (Z_1, ..., Z_k) (corr sqrt(t_i / t_j)), given the earlier boundaries: the usual
-  recursive numerical integration on a grid (`boundaries`). The two sides are computed apart, each as a
+  recursive numerical integration on a grid (linvit.stats.boundaries). The two sides are computed apart, each as a
   one-sided design: stopping at the other side only removes paths, so each side stays within its alpha.
   No well-kept Python package does this (PyPI's group sequential packages are young one-author ports);
   it is ~40 lines of numpy on scipy's normal distribution.
@@ -44,7 +44,7 @@ The method (Jennison and Turnbull 2000, ch. 7 and 19; Lan and DeMets 1983):
   a family of m (claim, cell, budget) tests (Bonferroni over the family, valid under any stopping; Holm's
   step-down needs p-values that a non-binding stop does not give).
 
-The calibration under this stopping rule is linvit.report.calibration_sequential (docs/statistics.md, "The
+The calibration under this stopping rule is linvit.claims.calibration_sequential (docs/statistics.md, "The
 sequential design").
 """
 
@@ -54,54 +54,23 @@ import functools
 import hashlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-from scipy import optimize, special
+from scipy import special
 
-from linvit.report import stats
-
-# Spending functions: the cumulative error spent by information fraction t in [0, 1], alpha at t = 1.
-SPENDING: dict[str, Callable[[float, float, float], float]] = {}
-
-
-def register_spending(name: str):
-    def add(fn):
-        SPENDING[name] = fn
-        return fn
-    return add
-
-
-@register_spending("obrien_fleming")
-def _obrien_fleming(alpha: float, t: float, gamma: float) -> float:
-    """Lan-DeMets' O'Brien-Fleming-type: almost nothing early, most of alpha at the cap."""
-    if t <= 0:
-        return 0.0
-    return float(2 * special.ndtr(-special.ndtri(1 - alpha / 2) / math.sqrt(min(t, 1.0))))
-
-
-@register_spending("pocock")
-def _pocock(alpha: float, t: float, gamma: float) -> float:
-    """Lan-DeMets' Pocock-type: spends evenly, so it stops early more often and needs more at the cap."""
-    return alpha * math.log(1 + (math.e - 1) * min(max(t, 0.0), 1.0))
-
-
-@register_spending("hwang_shih_decani")
-def _hsd(alpha: float, t: float, gamma: float) -> float:
-    """Hwang-Shih-DeCani: gamma -4 is close to O'Brien-Fleming, 1 to Pocock, 0 spends linearly."""
-    t = min(max(t, 0.0), 1.0)
-    if gamma == 0:
-        return alpha * t
-    return alpha * (1 - math.exp(-gamma * t)) / (1 - math.exp(-gamma))
-
+from linvit.stats import paired
+from linvit.stats.boundaries import boundaries, conditional_power, t_critical
+from linvit.stats.pairing import Sample, contrast_moments
+from linvit.stats.spending import SPENDING
 
 # Hwang-Shih-DeCani with gamma 0 spends alpha in proportion to the information. O'Brien-Fleming's would
 # waste look 1: at 5 seeds (4 degrees of freedom, t ~ 0.2) its boundary is |T| > 90 on the t scale. In a
 # simulation of the reference cell (fmnist scenario, looks 5-30) it needed 16 seeds on average for C1's
 # tests where O'Brien-Fleming needed 20, and decided as often (90% against 92% for attn_on_top).
 DEFAULT_PLAN = {"spending": "hwang_shih_decani", "gamma": 0.0, "futility": 0.1, "futility_from": 2}
-# Outcomes of a sequential test beyond stats' holds and fails.
+# Outcomes of a sequential test beyond paired's holds and fails.
 CONTINUES = "continues"  # undecided at its last look, with looks left: the next look adds seeds
 FUTILE = "undecided within the cap"  # stopped: it cannot plausibly decide by the cap (or reached it)
 WAITS = "waits"  # the look's seeds are not all finished yet
@@ -110,7 +79,7 @@ WAITS = "waits"  # the look's seeds are not all finished yet
 @dataclass(frozen=True)
 class Plan:
     """A sequential plan (`sequential:` in the config): the looks as numbers of paired seeds (the last is
-    the cap), the spending function (SPENDING's names; `gamma` for hwang_shih_decani) and the non-binding
+    the cap), the spending function (linvit.stats.spending's names; `gamma`: its parameter) and the non-binding
     futility rule (conditional power at the cap below `futility`, from look `futility_from` on; None: no
     futility stop)."""
 
@@ -138,7 +107,7 @@ class Plan:
         if looks[0] != n_seeds:
             raise ValueError(f"config key sequential.looks: starts at {looks[0]}, but look 1 is the grid as "
                              f"configured: its first entry must be the number of seeds ({n_seeds})")
-        min_seeds = (config.get("claims") or {}).get("min_seeds", stats.DEFAULTS["min_seeds"])
+        min_seeds = (config.get("claims") or {}).get("min_seeds", paired.DEFAULTS["min_seeds"])
         if looks[0] < min_seeds:
             raise ValueError(f"config key sequential.looks: starts at {looks[0]} seeds, below claims.min_seeds "
                              f"({min_seeds})")
@@ -165,7 +134,7 @@ class Plan:
         return self.looks[-1]
 
     def spent(self, alpha: float, t: float) -> float:
-        return alpha if t >= 1 else SPENDING[self.spending](alpha, t, self.gamma)
+        return alpha if t >= 1 else SPENDING[self.spending].function(alpha, t, self.gamma)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "looks": list(self.looks)}
@@ -173,75 +142,6 @@ class Plan:
     def fingerprint(self) -> str:
         """The plan's identity: a run whose plan changes after its first look is refused (linvit decide)."""
         return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()[:16]
-
-
-# The numerical integration: a grid on the z scale, Simpson's weights, paths below the boundary.
-_LOW, _POINTS = -8.0, 401  # to 1e-5 of the boundaries of a 801-point grid from -9, 10x quicker
-
-
-def _grid(upper: float) -> tuple[np.ndarray, np.ndarray]:
-    hi = min(upper, 8.0)
-    z = np.linspace(_LOW, hi, _POINTS)
-    w = np.full(_POINTS, 2.0)
-    w[1::2] = 4.0
-    w[0] = w[-1] = 1.0
-    return z, w * (hi - _LOW) / (3 * (_POINTS - 1))
-
-
-def _boundaries(fractions: tuple[float, ...], spent: tuple[float, ...]) -> tuple[float, ...]:
-    """z boundaries c_1..c_k with P(Z_j < c_j for j < k, Z_k >= c_k) = spent[k] - spent[k - 1] under the
-    null, Z the canonical joint normal at information fractions `fractions` (increasing, last <= 1)."""
-    return _state(fractions, spent)[0]
-
-
-@functools.lru_cache(maxsize=4096)
-def _state(fractions: tuple[float, ...], spent: tuple[float, ...]):
-    """(boundaries, and the density of Z_k on its grid over the paths that have not crossed): each look
-    extends its prefix's cached state, so reading look after look (and the cap after each, for the
-    conditional power) integrates every step once."""
-    k = len(fractions) - 1
-    t, total = fractions[k], spent[k]
-    target = total - (spent[k - 1] if k else 0.0)
-    if k == 0:
-        bounds: tuple[float, ...] = ()
-
-        def cross(c):
-            return float(special.ndtr(-c))
-    else:
-        bounds, density, z_prev, w_prev = _state(fractions[:-1], spent[:-1])
-        t0 = fractions[k - 1]
-        step = math.sqrt(t - t0)
-
-        def cross(c):
-            return float(np.sum(w_prev * density * special.ndtr((z_prev * math.sqrt(t0) - c * math.sqrt(t)) / step)))
-    if target <= 1e-15:
-        c = math.inf
-    else:
-        c = optimize.brentq(lambda c: cross(c) - target, -10.0, 40.0, xtol=1e-10)
-    # The density of Z_k over paths still below c (for the next look).
-    z, w = _grid(c)
-    if k == 0:
-        new = np.exp(-z * z / 2) / math.sqrt(2 * math.pi)
-    else:
-        x = (z[:, None] * math.sqrt(t) - z_prev[None, :] * math.sqrt(t0)) / step
-        kernel = np.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (math.sqrt(t) / step)
-        new = kernel @ (w_prev * density)
-    return (*bounds, c), new, z, w
-
-
-def boundaries(fractions: Sequence[float], alpha: float, plan: Plan) -> list[float]:
-    """One side's z boundaries at looks with information fractions `fractions`, spending `alpha` by the
-    plan's function (the last fraction 1 spends what is left)."""
-    fr = tuple(round(float(t), 12) for t in fractions)
-    return list(_boundaries(fr, tuple(plan.spent(alpha, t) for t in fr)))
-
-
-def t_critical(z: float, df: float) -> float:
-    """A z boundary on the t scale with `df` degrees of freedom: the same one-sided significance."""
-    if math.isinf(z):
-        return z
-    p = float(special.ndtr(-z))
-    return float(-special.stdtrit(df, p)) if p > 0 else math.inf
 
 
 _T_PATHS = 400_000  # t_alpha's simulated paths; both tails: a one-sided 1.25% to +-1% (relative)
@@ -288,22 +188,11 @@ def t_alpha(alpha: float, plan: Plan) -> float:
     Calibrated at the planned fractions n_k / cap, which are exactly the fractions sequential_test estimates
     with seeds alone (the per-seed variance cancels). With an images' part the estimated fractions spend a
     little more where T is large, but n_k - 1 degrees of freedom are conservative there by more; converting at
-    a look's effective degrees of freedom would not be (calibration_sequential.images_part_table and
-    docs/statistics.md, "The t conversion, and its correction")."""
+    a look's effective degrees of freedom would not be (linvit.claims.sequential_simulation.images_part_table
+    and docs/statistics.md, "The t conversion, and its correction")."""
     if alpha <= 0 or len(plan.looks) < 2:
         return alpha
     return _t_alpha(tuple(plan.looks), plan.spending, float(plan.gamma), float(alpha))
-
-
-def conditional_power(z: float, t: float, c_hold: float, c_fail: float) -> float:
-    """The chance that a test at look fraction t with statistic z (on its hold side's z scale: positive
-    toward holding) crosses the hold side's cap boundary c_hold or the fail side's c_fail (z scale) at the
-    cap, if its current trend z / sqrt(t) is the truth. 0 for a test at the cap."""
-    if t >= 1:
-        return 0.0
-    b = z * math.sqrt(t)
-    mean, sd = b + (z / math.sqrt(t)) * (1 - t), math.sqrt(1 - t)
-    return float(special.ndtr((mean - c_hold) / sd) + special.ndtr((-c_fail - mean) / sd))
 
 
 @dataclass
@@ -344,10 +233,10 @@ class SequentialResult:
         return self.looks[-1] if self.looks else None
 
 
-def _parts(sample: stats.Sample, numerator, denominator, threshold: float):
+def _parts(sample: Sample, numerator, denominator, threshold: float):
     """(estimate of the contrast num - threshold x den, its per-seed variance, its images' part, the
     denominator's mean and SE, the ratio's moments) for one look's sample."""
-    n, _, means, seed, image = stats._statistic_parts(sample, numerator, denominator)
+    n, _, means, seed, image = contrast_moments(sample, numerator, denominator)
     w = np.array([1.0, -threshold] if denominator is not None else [1.0])
     # A difference's contrast is num - threshold (a share's num - threshold x den, already in w).
     mean = float(w @ means) - (threshold if denominator is None else 0.0)
@@ -379,7 +268,7 @@ def _interval(means, cov, ratio: bool, q_low: float, q_high: float) -> tuple[flo
     return fieller(q_low)[0], fieller(q_high)[1]
 
 
-def sequential_test(samples: Sequence[stats.Sample], numerator, denominator, threshold: float, side: str,
+def sequential_test(samples: Sequence[Sample], numerator, denominator, threshold: float, side: str,
                     plan: Plan, alpha: float, fail_alpha: float, fractions: Sequence[float] = ()) -> SequentialResult:
     """Read a test at its looks. `samples[k]` is look k + 1's paired sample (its first looks[k] seeds, or fewer
     where a run could not finish: the look's fraction and degrees of freedom are then those of the seeds it
@@ -420,11 +309,11 @@ def sequential_test(samples: Sequence[stats.Sample], numerator, denominator, thr
         se = math.sqrt(max(float(w @ cov @ w), 0.0))
         estimate = float(means[0] / means[1]) if ratio and means[1] != 0 else float(means[0])
         power = math.nan
-        if not se > stats.ZERO_SE:
+        if not se > paired.ZERO_SE:
             # A t test with a zero variance estimate has no error rate: this look tests nothing.
             outcome = FUTILE if k == len(plan.looks) - 1 else CONTINUES
             result.looks.append(Look(k + 1, n_k, estimate, math.nan, math.nan, math.nan, c_hold, c_fail, t, power,
-                                     outcome, stats.NO_TEST))
+                                     outcome, paired.NO_TEST))
             if outcome != CONTINUES:
                 result.outcome, result.stopped = outcome, k + 1
                 break
@@ -443,9 +332,9 @@ def sequential_test(samples: Sequence[stats.Sample], numerator, denominator, thr
             f"the denominator (benefit) is not established positive at the "
             f"{'hold' if not hold_ok else 'fail'} boundary (that side of its interval is unbounded)")
         if hold_ok and statistic >= c_hold:
-            outcome = stats.HOLDS
+            outcome = paired.HOLDS
         elif fail_ok and statistic <= -c_fail:
-            outcome = stats.FAILS
+            outcome = paired.FAILS
         elif k == len(plan.looks) - 1:
             outcome = FUTILE
             note = note or "reached the cap undecided"
@@ -483,17 +372,17 @@ def combine(results: Sequence[SequentialResult]) -> str:
     fails at its fail_alpha, the claim's alpha split over its tests), holds when every one held, continues
     while one continues, else undecided within the cap."""
     outcomes = [r.outcome for r in results]
-    if stats.FAILS in outcomes:
-        return stats.FAILS
-    if outcomes and all(o == stats.HOLDS for o in outcomes):
-        return stats.HOLDS
+    if paired.FAILS in outcomes:
+        return paired.FAILS
+    if outcomes and all(o == paired.HOLDS for o in outcomes):
+        return paired.HOLDS
     return CONTINUES if CONTINUES in outcomes else FUTILE
 
 
-def look_sample(sample: stats.Sample, seeds: Sequence[int]) -> stats.Sample | None:
+def look_sample(sample: Sample, seeds: Sequence[int]) -> Sample | None:
     """The part of a paired sample on exactly `seeds` (a look's), None when one of them is not paired yet."""
     index = {s: i for i, s in enumerate(sample.seeds)}
     if any(s not in index for s in seeds):
         return None
     rows = [index[s] for s in seeds]
-    return stats.Sample({r: m[rows] for r, m in sample.matrices.items()}, list(seeds), sample.images, sample.mode)
+    return Sample({r: m[rows] for r, m in sample.matrices.items()}, list(seeds), sample.images, sample.mode)

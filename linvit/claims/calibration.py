@@ -17,16 +17,16 @@ seed s's roles share teacher s) and one teacher for every seed (`one`). The trut
 a difference's is mu_a - mu_b, a share's (mu_a - mu_b) / (mu_top - mu_bottom). Under `one` the
 verdicts speak for that one teacher, so it also reports coverage of that teacher's own truth (mu + u).
 Each experiment draws new teachers, seeds and test images; both designs are judged on the same draws
-(the one teacher is seed 0's). Every test of linvit.report.claims.CLAIMS runs on each experiment
-through linvit.report.stats, exactly as the report runs it.
+(the one teacher is seed 0's). Every test of linvit.claims.table.CLAIMS runs on each experiment
+through linvit.stats (paired, multitest), exactly as the report runs it.
 
 Reported per (design, scenario, seeds, statistic): how often the `level` interval covers the truth;
 how often a verdict is wrong (holds where the truth is on the fails side, or fails where it is on the
 claim's side; a truth exactly at the threshold counts as the claim being true); how often a test
 decides at all; the median minimum detectable effect; and under `one` the coverage of the teacher's
-own truth. The rows named C1 and C2 judge the claims' combined verdicts (stats.combine).
+own truth. The rows named C1 and C2 judge the claims' combined verdicts (multitest.combine).
 
-    python -m linvit.report.calibration      # regenerates linvit/report/coverage.csv, prints the table
+    python -m linvit.claims.calibration      # regenerates linvit/claims/coverage.csv, prints the table
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
+from linvit.claims.roles import ROLES
+from linvit.claims.table import CLAIMS, REFERENCE, Thresholds
 from linvit.config import ONE_TEACHER, PER_SEED
-from linvit.report import stats
-from linvit.report.claims import CLAIMS, REFERENCE, Thresholds
-from linvit.report.roles import ROLES
+from linvit.stats import multitest, paired, pairing
 
 COVERAGE_CSV = Path(__file__).with_name("coverage.csv")
 SEEDS = (3, 5, 10)
@@ -61,7 +61,7 @@ RHO = 0.8  # how much the roles' errors fall on the same images
 # and 3.6 pp (distilled - copied attention): with so few degrees of freedom the value is rough, and a
 # larger one only makes one teacher undercover more (a teacher per seed covers whatever it is).
 # Re-measure it after a change of grid, set it here, and regenerate coverage.csv
-# (python -m linvit.report.calibration); the report and docs/statistics.md print the value used.
+# (python -m linvit.claims.calibration); the report and docs/statistics.md print the value used.
 TEACHER_SD = 0.0225
 TEACHER_SD_SOURCE = ("issue 41: C3's copy_mlp_distill - reference on the default grid, per-seed SD 0.53 pp "
                      "with one teacher against 2.31 pp with a teacher per seed (ten teachers; "
@@ -112,7 +112,7 @@ COLUMNS = ["teachers", "scenario", "images", "seeds", "experiments", "statistic"
 
 
 def simulate_sample(rng: np.random.Generator, scenario: Scenario | str, n_seeds: int, images: int | None = None,
-                    teachers: str = PER_SEED, teacher_sd: float = TEACHER_SD) -> stats.Sample:
+                    teachers: str = PER_SEED, teacher_sd: float = TEACHER_SD) -> pairing.Sample:
     """One simulated experiment: per role a (seeds x images) 0/1 correctness matrix (a scenario's own
     number of test images unless `images` says otherwise), with a teacher per seed (`per_seed`) or one
     teacher for every seed (`one`)."""
@@ -120,7 +120,7 @@ def simulate_sample(rng: np.random.Generator, scenario: Scenario | str, n_seeds:
 
 
 def _simulate(rng: np.random.Generator, scenario: Scenario | str, n_seeds: int, images: int | None,
-              designs: tuple[str, ...], teacher_sd: float) -> tuple[list[stats.Sample], dict[str, float]]:
+              designs: tuple[str, ...], teacher_sd: float) -> tuple[list[pairing.Sample], dict[str, float]]:
     """One experiment under each of `designs`, on the same draws (the one teacher is seed 0's), and that
     teacher's effect per role."""
     sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
@@ -144,8 +144,8 @@ def _simulate(rng: np.random.Generator, scenario: Scenario | str, n_seeds: int, 
         # Right when RHO z + sqrt(1 - RHO^2) e < Phi^-1(q), i.e. e < cut (float32: half the time).
         cut = (special.ndtri(q) / scale).astype(np.float32)[:, :, None] - np.float32(RHO / scale) * z
         right = (e < cut).astype(np.float32)
-        samples.append(stats.Sample({r: right[k] for k, r in enumerate(roles)}, list(range(n_seeds)), images,
-                                    stats.SEEDS_AND_IMAGES))
+        samples.append(pairing.Sample({r: right[k] for k, r in enumerate(roles)}, list(range(n_seeds)), images,
+                                    pairing.SEEDS_AND_IMAGES))
     return samples, {r: float(effect[k, 0]) for k, r in enumerate(roles)}
 
 
@@ -160,16 +160,16 @@ def _claim_true(truth: float, threshold: float, side: str) -> bool:
 
 
 def _wrong(outcome: str, true: bool) -> bool:
-    return (outcome == stats.HOLDS and not true) or (outcome == stats.FAILS and true)
+    return (outcome == paired.HOLDS and not true) or (outcome == paired.FAILS and true)
 
 
 def coverage_table(seeds=SEEDS, experiments: int = EXPERIMENTS, seed: int = 0,
-                   settings: stats.Settings | None = None, designs: tuple[str, ...] = TEACHER_DESIGNS,
+                   settings: paired.Settings | None = None, designs: tuple[str, ...] = TEACHER_DESIGNS,
                    teacher_sd: float = TEACHER_SD) -> pd.DataFrame:
     """Per (teacher design, scenario, seeds, statistic) the coverage of its interval, and for a tested
     statistic and each claim with several deciding tests the rate of wrong verdicts and of decided ones
     (see the module doc)."""
-    settings = settings or stats.Settings()
+    settings = settings or paired.Settings()
     thresholds = Thresholds()
     rng = np.random.default_rng(seed)
     tests = [(claim.name, t, (dict(t.statistic.numerator),
@@ -191,13 +191,13 @@ def coverage_table(seeds=SEEDS, experiments: int = EXPERIMENTS, seed: int = 0,
                     for claim, t, (num, den) in tests:
                         s = t.statistic.name
                         if t.threshold is None:
-                            e = stats.estimate(sample, num, den, settings)
+                            e = paired.estimate(sample, num, den, settings)
                         else:
-                            result = stats.test(sample, num, den, thresholds.value(t.threshold), t.side, settings)
+                            result = paired.test(sample, num, den, thresholds.value(t.threshold), t.side, settings)
                             e, true = result.estimate, _claim_true(truths[s], result.threshold, t.side)
                             t_["wrong"][s] = t_["wrong"].get(s, 0) + _wrong(result.outcome, true)
-                            t_["decided"][s] = t_["decided"].get(s, 0) + (result.outcome in (stats.HOLDS,
-                                                                                             stats.FAILS))
+                            t_["decided"][s] = t_["decided"].get(s, 0) + (result.outcome in (paired.HOLDS,
+                                                                                             paired.FAILS))
                             t_["mde"].setdefault(s, []).append(result.mde)
                             if t.decides and claim in deciding:
                                 deciding[claim].append((result, true))
@@ -205,7 +205,7 @@ def coverage_table(seeds=SEEDS, experiments: int = EXPERIMENTS, seed: int = 0,
                         if design == ONE_TEACHER:
                             t_["given"][s] += e.low <= _truth(t.statistic, own) <= e.high
                     for claim, parts in deciding.items():
-                        t_["combined"][claim].append((stats.combine([r for r, _ in parts], settings),
+                        t_["combined"][claim].append((multitest.combine([r for r, _ in parts], settings),
                                                       all(true for _, true in parts)))
             for design in designs:
                 t_ = tally[design]
@@ -227,7 +227,7 @@ def coverage_table(seeds=SEEDS, experiments: int = EXPERIMENTS, seed: int = 0,
                     rows[design].append({
                         **common, "statistic": claim, "truth": math.nan, "threshold": math.nan, "side": "all hold",
                         "coverage": math.nan, "wrong": sum(_wrong(o, true) for o, true in results) / experiments,
-                        "decided": sum(o in (stats.HOLDS, stats.FAILS) for o, _ in results) / experiments,
+                        "decided": sum(o in (paired.HOLDS, paired.FAILS) for o, _ in results) / experiments,
                         "median_mde": math.nan, "coverage_given_teacher": math.nan})
     return pd.DataFrame([row for d in designs for row in rows[d]], columns=COLUMNS)
 

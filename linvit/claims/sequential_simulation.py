@@ -1,65 +1,23 @@
-"""The sequential design's calibration: linvit.report.sequential's looks, judged on simulated grids whose truth
-is known, beside naive rereading of the fixed-n test at the same looks.
-
-The data are linvit.report.calibration's (its noise model, a teacher per seed, `PER_SEED`): each experiment
-draws all `LOOKS[-1]` (the cap's) paired seeds at once, and look k reads the first LOOKS[k] of them
-(sequential.look_sample), as a grid that adds seeds does. Every deciding test of CLAIMS runs through
-sequential.sequential_test with alpha = 2.5% on the hold side and fail_alpha = 2.5% / k for a claim of k
-deciding tests, under the plan's default spending (sequential.DEFAULT_PLAN; `--spending` for another), with
-the futility rule (conditional power 0.1 from look 2) and without it, on the same draws; each claim's verdict
-is sequential.combine's.
-
-Reported per (scenario, futility, test or claim):
-
-- coverage: how often the repeated interval at the look where the test stopped (or the last) covers the truth;
-  an unbounded interval covers it, so `unbounded` says how often that interval was unbounded on a side (a
-  share whose benefit was not established at that side's boundary, which then decides nothing on it);
-- wrong_holds / wrong_fails: how often the test ended holding where the truth is on the fails side, or failing
-  where the truth satisfies the claim (a truth exactly at the threshold does), over the whole sequence; the
-  targets are alpha and fail_alpha (`alpha_holds`, `alpha_fails`);
-- how often it held, failed or stopped undecided, its mean seeds and training jobs against a fixed design at
-  the cap: jobs are seeds x (the roles its statistics need + a teacher per seed); a claim's roles each train as
-  long as one of its tests that needs them runs, and its tests stop when the claim is decided;
-- naive_*: the fixed-n stats.test read at the same looks (its interval, holding at alpha and failing at the
-  same fail_alpha), stopping at the first look where it holds or fails: optional stopping; fixed_*: the
-  fixed-n test on all the cap's seeds (a fixed design), on the same draws;
-- distance_se: the truth's distance from the threshold toward the claim's side, in SEs of the test's contrast
-  (num - threshold x den) at the cap, measured on `SE_EXPERIMENTS` simulated cap-sized experiments.
-
-Scenarios: calibration.SCENARIOS (reference-like cells, `at` and `beside` the thresholds) and `at` with every
-deciding test moved `DISTANCES` SEs (at the cap) from its threshold, by shifting the one role of its numerator
-that no other deciding test uses (the expected seeds and jobs at 0, 1 and 2 SEs on either side).
-
-What it found: converting each look's z boundary to t by its nominal significance (n_k - 1 degrees of freedom)
-was liberal, 3-13% more error than alpha for paired t statistics of normal seeds (`t_conversion_table`), and
-so was the design at the thresholds; sequential.t_alpha corrects it, and at the thresholds the tests now hold
-and fail as often as the spending allows, each side of each test within its alpha + 2 Monte Carlo SEs over
-20,000 experiments (`at_threshold`). With an images' part a look's estimated fraction spends a little more
-where T is large, and converting at n - 1 degrees of freedom is conservative by more (`images_part_table`).
-The numbers: docs/statistics.md, "The sequential design".
-
-    python -m linvit.report.calibration_sequential   # regenerates linvit/report/coverage_sequential.csv
-    python -m linvit.report.calibration_sequential --at-threshold   # the check at the thresholds (about 13 min)
-    python -m linvit.report.calibration_sequential --images-part --experiments 4000   # fractions with images
+"""The sequential design's calibration by simulation: the experiments behind coverage_sequential.csv and
+the checks of the t conversion, at the thresholds and with an images' part. What they run and what they
+found: linvit.claims.calibration_sequential, which prints them (and regenerates the packaged table).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from linvit.claims.calibration import SCENARIOS, TEACHER_SD, Scenario, _claim_true, _simulate, _truth
+from linvit.claims.table import CLAIMS, Thresholds
 from linvit.config import PER_SEED
-from linvit.report import sequential, stats
-from linvit.report.calibration import SCENARIOS, TEACHER_SD, Scenario, _claim_true, _simulate, _truth
-from linvit.report.claims import CLAIMS, Thresholds
+from linvit.stats import boundaries, multitest, paired, pairing, sequential
+from linvit.stats.spending import SPENDING
 
-SEQUENTIAL_CSV = Path(__file__).with_name("coverage_sequential.csv")
 LOOKS = (5, 10, 15, 20, 30)
 ALPHA = 0.025
 EXPERIMENTS = 2000  # Monte Carlo error of a 2.5% rate +-0.35%, of a 95% coverage +-0.5%
@@ -150,15 +108,15 @@ def distance_scenarios(tests: list[Deciding], distances=DISTANCES, cap: int = LO
     return out, se
 
 
-def _naive(results: list[stats.TestResult], fail_alpha: float) -> tuple[str, int]:
+def _naive(results: list[paired.TestResult], fail_alpha: float) -> tuple[str, int]:
     """The fixed-n test read at each look: (its outcome at the first look that decides, else the last's; that
     look, 0-based), holding at alpha and failing at `fail_alpha`."""
     for k, r in enumerate(results):
-        if r.outcome == stats.HOLDS:
-            return stats.HOLDS, k
+        if r.outcome == paired.HOLDS:
+            return paired.HOLDS, k
         if r.p_fails <= fail_alpha:  # NaN (no valid test) never fails
-            return stats.FAILS, k
-    return stats.INCONCLUSIVE, len(results) - 1
+            return paired.FAILS, k
+    return paired.INCONCLUSIVE, len(results) - 1
 
 
 def _claim_path(results: list[sequential.SequentialResult], looks: int) -> tuple[str, int]:
@@ -181,7 +139,7 @@ def _jobs(stops: dict[str, int], tests: list[Deciding], looks: tuple[int, ...]) 
 
 
 def _experiment(samples, tests: list[Deciding], claims: dict[str, list[Deciding]], plans: dict,
-                truths: dict[str, float], looks: tuple[int, ...], settings: stats.Settings) -> dict:
+                truths: dict[str, float], looks: tuple[int, ...], settings: paired.Settings) -> dict:
     """One experiment's readings, keyed (what, statistic): "seq" per futility setting (outcome, look, covered
     or jobs), "naive" (outcome, look, covered) and "fixed" (the outcome at the cap)."""
     out = {}
@@ -196,20 +154,20 @@ def _experiment(samples, tests: list[Deciding], claims: dict[str, list[Deciding]
             outcome, k = _claim_path([results[t.name] for t in parts], len(looks))
             stops = {t.name: min(results[t.name].stopped - 1, k) for t in parts}
             out[f, c] = (outcome, k, _jobs(stops, parts, looks))
-    fixed = {t.name: [stats.test(x, t.numerator, t.denominator, t.threshold, t.side, settings) for x in samples]
+    fixed = {t.name: [paired.test(x, t.numerator, t.denominator, t.threshold, t.side, settings) for x in samples]
              for t in tests}
     for t in tests:
         outcome, k = _naive(fixed[t.name], t.fail_alpha)
         e = fixed[t.name][k].estimate
         out["naive", t.name] = (outcome, k, e.low <= truths[t.name] <= e.high)
         out["fixed", t.name] = _naive(fixed[t.name][-1:], t.fail_alpha)[0]
-    for c, parts in claims.items():  # by stats.combine at each look, as the report reads a claim
+    for c, parts in claims.items():  # by multitest.combine at each look, as the report reads a claim
         for k in range(len(looks)):
-            outcome = stats.combine([fixed[t.name][k] for t in parts], settings)
-            if outcome in (stats.HOLDS, stats.FAILS):
+            outcome = multitest.combine([fixed[t.name][k] for t in parts], settings)
+            if outcome in (paired.HOLDS, paired.FAILS):
                 break
         out["naive", c] = (outcome, k, math.nan)
-        out["fixed", c] = stats.combine([fixed[t.name][-1] for t in parts], settings)
+        out["fixed", c] = multitest.combine([fixed[t.name][-1] for t in parts], settings)
     return out
 
 
@@ -219,9 +177,9 @@ def sequential_table(experiments: int = EXPERIMENTS, seed: int = 0, scenarios: d
                      log=None) -> pd.DataFrame:
     """The calibration table (see the module doc). `scenarios`: by default calibration.SCENARIOS and the
     `distances` scenarios; `images`: a test-set size for every scenario (default: each its own). The fixed_*
-    columns: the fixed-n test (a claim: stats.combine) on all the cap's seeds, a fixed design's verdict."""
+    columns: the fixed-n test (a claim: multitest.combine) on all the cap's seeds, a fixed design's verdict."""
     tests = deciding_tests()
-    settings = stats.Settings()
+    settings = paired.Settings()
     plans = {f: sequential.Plan(tuple(looks), spending, futility=f) for f in futility}
     if scenarios is None:
         scenarios = {**SCENARIOS, **distance_scenarios(tests, distances, looks[-1])[0]}
@@ -250,8 +208,8 @@ def sequential_table(experiments: int = EXPERIMENTS, seed: int = 0, scenarios: d
                 fixed = [r["fixed", s] for r in runs]
                 row = {**common, **_rates(seq, naive, true[s], looks, experiments), "futility": _futility(f),
                        "statistic": s, "claim": test.claim if test else s, "claim_true": true[s],
-                       "fixed_holds": fixed.count(stats.HOLDS) / experiments,
-                       "fixed_fails": fixed.count(stats.FAILS) / experiments, "alpha_holds": ALPHA}
+                       "fixed_holds": fixed.count(paired.HOLDS) / experiments,
+                       "fixed_fails": fixed.count(paired.FAILS) / experiments, "alpha_holds": ALPHA}
                 if test:
                     per_seed = len(test.roles) + 1
                     row.update(truth=truths[s], threshold=test.threshold, side=test.side,
@@ -273,13 +231,13 @@ def sequential_table(experiments: int = EXPERIMENTS, seed: int = 0, scenarios: d
 
 def _rates(runs, naive, true: bool, looks, experiments: int) -> dict:
     outcomes = [o for o, *_ in runs]
-    return {"wrong_holds": 0.0 if true else outcomes.count(stats.HOLDS) / experiments,
-            "wrong_fails": outcomes.count(stats.FAILS) / experiments if true else 0.0,
-            "holds": outcomes.count(stats.HOLDS) / experiments, "fails": outcomes.count(stats.FAILS) / experiments,
-            "undecided": 1 - (outcomes.count(stats.HOLDS) + outcomes.count(stats.FAILS)) / experiments,
+    return {"wrong_holds": 0.0 if true else outcomes.count(paired.HOLDS) / experiments,
+            "wrong_fails": outcomes.count(paired.FAILS) / experiments if true else 0.0,
+            "holds": outcomes.count(paired.HOLDS) / experiments, "fails": outcomes.count(paired.FAILS) / experiments,
+            "undecided": 1 - (outcomes.count(paired.HOLDS) + outcomes.count(paired.FAILS)) / experiments,
             "mean_seeds": float(np.mean([looks[k] for _, k, *_ in runs])),
-            "naive_wrong_holds": 0.0 if true else [o for o, *_ in naive].count(stats.HOLDS) / experiments,
-            "naive_wrong_fails": [o for o, *_ in naive].count(stats.FAILS) / experiments if true else 0.0,
+            "naive_wrong_holds": 0.0 if true else [o for o, *_ in naive].count(paired.HOLDS) / experiments,
+            "naive_wrong_fails": [o for o, *_ in naive].count(paired.FAILS) / experiments if true else 0.0,
             "naive_mean_seeds": float(np.mean([looks[k] for _, k, *_ in naive]))}
 
 
@@ -291,107 +249,6 @@ def _distance(test: Deciding, truth: float, sc: Scenario, se: dict[str, float]) 
     """(truth - threshold) toward the claim's side, in SEs of the contrast at the cap (a share's: x the benefit)."""
     scale = sum(w * sc.roles[r][0] for r, w in test.denominator.items()) if test.denominator else 1.0
     return test.sign * (truth - test.threshold) * scale / se[test.name]
-
-
-BASE_SCENARIOS = tuple(SCENARIOS)  # the calibration table's; the others are the distance scenarios
-
-
-def sequential_markdown(table: pd.DataFrame | None = None) -> str:
-    """The table as markdown (the packaged coverage_sequential.csv by default): a summary, the calibration
-    (coverage, wrong verdicts with and without futility, naive rereading beside) on calibration.SCENARIOS,
-    then the expected seeds and jobs at the distance scenarios against a fixed design at the cap."""
-    table = pd.read_csv(SEQUENTIAL_CSV, keep_default_na=False, na_values=[""]) if table is None else table
-    experiments = int(table["experiments"].max())
-    looks = table["looks"].iloc[0]
-    cap = int(str(looks).split("/")[-1])
-
-    def mc(p):
-        return f"+-{100 * math.sqrt(p * (1 - p) / experiments):.2f}%"
-
-    base = table[table["scenario"].isin(BASE_SCENARIOS)]
-    summary = []
-    for f, g in base.groupby("futility", sort=False):
-        strict = g.loc[g["alpha_fails"] < ALPHA, "wrong_fails"].max()
-        summary.append(f"Futility {f}: lowest coverage {_pct(g['coverage'].min())} (an unbounded interval counts as "
-                       f"covering; at most {_pct(g['unbounded'].max())} of a test's final intervals were unbounded), "
-                       f"most wrong holds "
-                       f"{_pct(g['wrong_holds'].max())}, most wrong fails {_pct(g['wrong_fails'].max())} (in C1 and "
-                       f"C2's tests, whose target is 1.25%: {_pct(strict)})")
-    naive = base[base["futility"] == base["futility"].iloc[0]]
-    worst = naive[["naive_wrong_holds", "naive_wrong_fails"]].max(axis=1)
-    parts = [f"{experiments:,} simulated experiments per scenario (a teacher per seed), each with all {cap} seeds "
-             f"drawn at once and read at looks of {looks.replace('/', ', ')} paired seeds; spending "
-             f"`{table['spending'].iloc[0]}`, alpha 2.5% on the hold side and 2.5% / k on the fail side (k: the "
-             f"claim's deciding tests: 1.25% for C1 and C2's tests). Monte Carlo error {mc(0.025)} at 2.5%, "
-             f"{mc(0.0125)} at 1.25%, {mc(0.95)} at 95%. "
-             + ". ".join(summary) + f". Naive rereading (the fixed-n test at each look) is wrong up to "
-             f"{_pct(worst.max())} of the time.", _calibration_rows(base)]
-    moved = table[~table["scenario"].isin(BASE_SCENARIOS)]
-    if not moved.empty:
-        parts.append(_seeds_rows(moved, table, cap))
-    return "\n\n".join(parts)
-
-
-def _claim_text(row) -> str:
-    if row["side"] not in ("<=", ">="):
-        return row["side"]
-    return f"{row['side']} {row['threshold']:+.2f}".replace("<=", "&le;").replace(">=", "&ge;")
-
-
-def _calibration_rows(base: pd.DataFrame) -> str:
-    head = ["statistic", "scenario (test images)", "truth", "claim", "wrong would be (target)",
-            "coverage (futility 0.1 / none)", "of them unbounded", "wrong (futility 0.1 / none)",
-            "mean seeds (futility 0.1 / none)", "naive rereading: wrong", "naive: coverage", "naive: mean seeds"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (statistic, scenario), g in base.groupby(["statistic", "scenario"], sort=False):
-        g = g.set_index("futility")
-        first = g.iloc[0]
-        true = bool(first["claim_true"])
-        risk = f"fails ({_pct(first['alpha_fails'], 2)})" if true else f"holds ({_pct(first['alpha_holds'], 2)})"
-        wrong = "wrong_fails" if true else "wrong_holds"
-        covered = "" if math.isnan(first["coverage"]) else " / ".join(_pct(g.loc[f, "coverage"]) for f in g.index)
-        unbounded = "" if math.isnan(first["unbounded"]) else " / ".join(_pct(g.loc[f, "unbounded"]) for f in g.index)
-        cells = [statistic, f"{scenario} ({int(first['images'])})",
-                 "" if math.isnan(first["truth"]) else f"{first['truth']:+.3f}", _claim_text(first), risk, covered,
-                 unbounded,
-                 " / ".join(_pct(g.loc[f, wrong], 2) for f in g.index),
-                 " / ".join(f"{g.loc[f, 'mean_seeds']:.1f}" for f in g.index),
-                 _pct(first[f"naive_{wrong}"], 2), _pct(first["naive_coverage"]), f"{first['naive_mean_seeds']:.1f}"]
-        rows.append("| " + " | ".join(cells) + " |")
-    return "\n".join(rows)
-
-
-
-def _seeds_rows(moved: pd.DataFrame, table: pd.DataFrame, cap: int) -> str:
-    """Per futility setting: per test and claim, at each distance from the threshold (`at` is 0), the mean
-    seeds, the mean jobs as a share of a fixed design's at the cap, and how often it decided (beside it,
-    how often the fixed design at the cap does)."""
-    scenarios = [*(s for s in dict.fromkeys(moved["scenario"]) if s.startswith("-")), "at",
-                 *(s for s in dict.fromkeys(moved["scenario"]) if not s.startswith("-"))]
-    both = table[table["scenario"].isin(scenarios)]
-    names = {s: "0 SE (`at`)" if s == "at" else s for s in scenarios}
-    parts = []
-    for f, g in both.groupby("futility", sort=False):
-        head = ["statistic", "jobs per seed", f"fixed design ({cap} seeds): jobs"] + [names[s] for s in scenarios]
-        rows = [f"Futility {f}: mean seeds, mean jobs as a share of the fixed design's, and decided (holds or "
-                f"fails; the fixed design at {cap} seeds in brackets), by the truth's distance from the threshold "
-                "in SEs at the cap (negative: the claim is false).", "",
-                "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for statistic, h in g.groupby("statistic", sort=False):
-            h = h.set_index("scenario")
-            fixed = float(h["fixed_jobs"].iloc[0])
-            cells = [statistic, f"{fixed / cap:g}", f"{fixed:g}"]
-            for s in scenarios:
-                r = h.loc[s]
-                cells.append(f"{r['mean_seeds']:.1f} · {_pct(r['mean_jobs'] / fixed, 0)} · "
-                             f"{_pct(r['holds'] + r['fails'], 0)} ({_pct(r['fixed_holds'] + r['fixed_fails'], 0)})")
-            rows.append("| " + " | ".join(cells) + " |")
-        parts.append("\n".join(rows))
-    return "\n\n".join(parts)
-
-
-def _pct(x, digits: int = 1) -> str:
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}%"
 
 
 AT_THRESHOLD_EXPERIMENTS = 20_000  # per test 20,000 paths a side: a 2.5% rate to +-0.11%, 1.25% to +-0.08%
@@ -420,7 +277,7 @@ def at_threshold(experiments: int = AT_THRESHOLD_EXPERIMENTS, seed: int = AT_THR
                 c = counts.setdefault((t.name, look.look), {"fraction": 0.0, "n": 0, "holds": 0, "fails": 0})
                 c["fraction"] += look.fraction
                 c["n"] += 1
-            if r.outcome in (stats.HOLDS, stats.FAILS):
+            if r.outcome in (paired.HOLDS, paired.FAILS):
                 counts[t.name, r.stopped][r.outcome] += 1
         if log and (e + 1) % 2000 == 0:
             log(f"{e + 1:,} experiments in {time.time() - started:.0f} s")
@@ -462,31 +319,6 @@ def at_threshold_by_look(experiments: int = 12_000, seed: int = 2024, looks: tup
     return at_threshold(experiments, seed, looks, spending)[0]
 
 
-def at_threshold_markdown(table: pd.DataFrame) -> str:
-    head = ["tests (fail alpha)", "look (seeds)", "mean fraction", "held by then (allowed)",
-            "failed by then (allowed)"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in table.iterrows():
-        who = "C1, C2's shares" if r["fail_alpha"] < ALPHA else "C3's difference"
-        rows.append(f"| {who} ({_pct(r['fail_alpha'], 2)}, {int(r['paths']):,} paths) | {int(r['look'])} "
-                    f"({int(r['seeds'])}) | {r['mean_fraction']:.3f} | {_pct(r['holds'], 2)} "
-                    f"({_pct(r['holds_allowed'], 2)}) | {_pct(r['fails'], 2)} ({_pct(r['fails_allowed'], 2)}) |")
-    return "\n".join(rows)
-
-
-def threshold_check_markdown(check: pd.DataFrame) -> str:
-    """The check: per test (and pooled), held and failed over the whole sequence, each side against its alpha
-    + 2 Monte Carlo SEs (the SE of a rate at alpha over the paths)."""
-    head = ["test", "paths a side", "held (alpha; limit alpha + 2 SE)", "failed (alpha; limit)", "within"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in check.iterrows():
-        sides = [f"{_pct(r[s], 2)} ({_pct(r[f'{s}_alpha'], 2)}; {_pct(r[f'{s}_alpha'] + 2 * r[f'{s}_se'], 2)})"
-                 for s in ("holds", "fails")]
-        ok = "yes" if r["holds_ok"] and r["fails_ok"] else "NO"
-        rows.append(f"| {r['tests']} | {int(r['paths']):,} | {sides[0]} | {sides[1]} | {ok} |")
-    return "\n".join(rows)
-
-
 IMAGES_SHARES = (0.0, 0.1, 0.3)  # the test images' share of a contrast's variance at the cap
 
 
@@ -503,36 +335,21 @@ def images_part_table(paths: int = 3000, seed: int = 7, looks: tuple[int, ...] =
     for share in shares:
         w = share / (1 - share) / cap  # the images' part of the mean's variance, the per-seed variance 1
         true = [round((1 / cap + w) / (1 / n + w), 3) for n in looks[:-1]]
-        counts = {(mode, side): 0 for mode in ("estimated", "true") for side in (stats.HOLDS, stats.FAILS)}
+        counts = {(mode, side): 0 for mode in ("estimated", "true") for side in (paired.HOLDS, paired.FAILS)}
         for _ in range(paths):
             values = rng.standard_normal((cap, 1)) + math.sqrt(w * images) * rng.standard_normal(images)
-            full = stats.Sample({"a": values, "b": np.zeros_like(values)}, list(range(cap)), images,
-                                stats.SEEDS_AND_IMAGES)
+            full = pairing.Sample({"a": values, "b": np.zeros_like(values)}, list(range(cap)), images,
+                                pairing.SEEDS_AND_IMAGES)
             samples = [sequential.look_sample(full, list(range(n))) for n in looks]
             for mode, fractions in (("estimated", ()), ("true", true)):
                 r = sequential.sequential_test(samples, {"a": 1.0, "b": -1.0}, None, 0.0, ">=", plan, ALPHA, ALPHA,
                                                fractions)
-                if r.outcome in (stats.HOLDS, stats.FAILS):
+                if r.outcome in (paired.HOLDS, paired.FAILS):
                     counts[mode, r.outcome] += 1
         rows.append({"share": share, "paths": paths, "fractions_true": "/".join(f"{t:.3f}" for t in true),
                      **{f"{mode}_{side}": k / paths for (mode, side), k in counts.items()},
                      "mc": math.sqrt(ALPHA * (1 - ALPHA) / paths)})
     return pd.DataFrame(rows)
-
-
-def images_part_markdown(table: pd.DataFrame) -> str:
-    """Held / failed, and their mean: the model is symmetric about the threshold, so the mean is one side's
-    rate over twice the paths (its Monte Carlo error in the last column)."""
-    head = ["images' share of the variance at the cap", "true fractions", "paths a side",
-            "fractions estimated (the engine): held / failed (mean)", "fractions true: held / failed (mean)",
-            "MC error of a mean at 2.5%"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in table.iterrows():
-        cells = [f"{_pct(r[f'{m}_holds'], 2)} / {_pct(r[f'{m}_fails'], 2)} "
-                 f"({_pct((r[f'{m}_holds'] + r[f'{m}_fails']) / 2, 2)})" for m in ("estimated", "true")]
-        rows.append(f"| {_pct(r['share'], 0)} | {r['fractions_true'].replace('/', ', ')} | {int(r['paths']):,} | "
-                    f"{cells[0]} | {cells[1]} | +-{100 * r['mc'] / math.sqrt(2):.2f}% |")
-    return "\n".join(rows)
 
 
 def t_conversion_table(paths: int = T_CHECK_PATHS, seed: int = 1, looks_list=T_CHECK_LOOKS,
@@ -551,12 +368,12 @@ def t_conversion_table(paths: int = T_CHECK_PATHS, seed: int = 1, looks_list=T_C
             s, s2 = np.cumsum(x, axis=1)[:, n - 1], np.cumsum(x * x, axis=1)[:, n - 1]
             mean = s / n
             t = mean / np.sqrt((s2 - n * mean * mean) / (n - 1) / n)
-            for spending in sequential.SPENDING:
+            for spending in SPENDING:
                 plan = sequential.Plan(looks, spending)
                 for alpha in alphas:
                     for name, a in (("plain", alpha), ("corrected", sequential.t_alpha(alpha, plan))):
-                        c = np.array([sequential.t_critical(z, m - 1) for z, m in
-                                      zip(sequential.boundaries(n / looks[-1], a, plan), looks)])
+                        c = np.array([boundaries.t_critical(z, m - 1) for z, m in
+                                      zip(boundaries.boundaries(n / looks[-1], a, plan), looks)])
                         key = (spending, alpha, name)
                         hits[key] = hits.get(key, 0) + int((t >= c).any(axis=1).sum() + (t <= -c).any(axis=1).sum())
         total = 2 * max(paths // 100_000, 1) * min(paths, 100_000)
@@ -570,52 +387,3 @@ def t_conversion_table(paths: int = T_CHECK_PATHS, seed: int = 1, looks_list=T_C
     return pd.DataFrame(rows)
 
 
-def t_conversion_markdown(table: pd.DataFrame) -> str:
-    head = ["looks (seeds)", "spending", "alpha", "error, converted at alpha", "error, at t_alpha", "t_alpha / alpha"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for _, r in table.iterrows():
-        name = r["spending"] + (f" (gamma {r['gamma']:g})" if r["spending"] == "hwang_shih_decani" else "")
-        rows.append(f"| {r['looks'].replace('/', ', ')} | {name} | {_pct(r['alpha'], 2)} | "
-                    f"{_pct(r['plain'], 3)} ({r['plain'] / r['alpha']:.3f} x) | "
-                    f"{_pct(r['corrected'], 3)} ({r['corrected'] / r['alpha']:.3f} x) | "
-                    f"{r['t_alpha'] / r['alpha']:.3f} |")
-    return "\n".join(rows)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=SEQUENTIAL_CSV)
-    parser.add_argument("--experiments", type=int, default=None,
-                        help=f"experiments per scenario (default {EXPERIMENTS:,}; with --at-threshold "
-                             f"{AT_THRESHOLD_EXPERIMENTS:,})")
-    parser.add_argument("--spending", choices=list(sequential.SPENDING), default=sequential.DEFAULT_PLAN["spending"])
-    parser.add_argument("--at-threshold", action="store_true",
-                        help="print only the check at the thresholds: the rates by look, pooled, and each test's "
-                             f"hold and fail sides against alpha + 2 Monte Carlo SEs ({AT_THRESHOLD_EXPERIMENTS:,} "
-                             "experiments unless --experiments says otherwise; about 10 minutes)")
-    parser.add_argument("--images-part", action="store_true",
-                        help="print only the images' part check: a difference at its threshold whose variance is "
-                             "partly the test images', fractions estimated and true (--experiments paths a share, "
-                             "default 3,000; 20,000 take about 4 minutes)")
-    args = parser.parse_args(argv)
-    started = time.time()
-    if args.images_part:
-        print(images_part_markdown(images_part_table(paths=args.experiments or 3000, spending=args.spending)))
-        print(f"\n{time.time() - started:.0f} s")
-        return
-    if args.at_threshold:
-        experiments = AT_THRESHOLD_EXPERIMENTS if args.experiments is None else args.experiments
-        by_look, check = at_threshold(experiments, spending=args.spending, log=lambda line: print(line, flush=True))
-        print(at_threshold_markdown(by_look) + "\n\n" + threshold_check_markdown(check))
-        print(f"\n{time.time() - started:.0f} s")
-        return
-    print(t_conversion_markdown(t_conversion_table()) + "\n", flush=True)
-    table = sequential_table(experiments=args.experiments or EXPERIMENTS, spending=args.spending,
-                             log=lambda line: print(line, flush=True))
-    table.to_csv(args.out, index=False, float_format="%.6g")
-    print(sequential_markdown(table))
-    print(f"\n{time.time() - started:.0f} s")
-
-
-if __name__ == "__main__":
-    main()

@@ -20,7 +20,7 @@ from linvit.claims.verdicts import TestOutcome as Outcome
 from linvit.report.claims_text import (UNDECIDED_AT_END, claims_markdown, control_markdown, decided_by,
                                        rules_markdown, verdicts_table)
 from linvit.report.decisions import displayed, evaluate, markdown
-from linvit.report.render import _grid_section
+from linvit.report.readme import _grid_section
 from linvit.stats.sequential import CONTINUES, FUTILE, Plan
 
 ROOT = Path(__file__).resolve().parents[1]

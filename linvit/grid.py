@@ -32,6 +32,7 @@ from pathlib import Path
 
 from .config import (CHECKPOINT, CHECKPOINTS, NO_DESIGN, REFERENCE_INIT, budgets, checkpoint, designs, grid_cells,
                      kd_reference, teacher_design, teacher_seed, trained_sizes)
+from .figure_registry import FIGURE_FORMATS, figure_names
 from .registry import SOFTMAX
 
 # The softmax reference runs the teacher's own attention; it is identified by its init (REFERENCE_INIT),
@@ -206,22 +207,18 @@ def operator_benchmark_path(results: str | Path = RESULTS) -> str:
 
 # What the report (linvit/report/render.py) writes, and nothing else: the `report` rule declares
 # exactly these as its outputs. Names under report/, then under results/.
+# The figures are linvit.figure_registry's, each report/figures/<name>.<format> for FIGURE_FORMATS.
 REPORT_FILES = ("README.md", "summary.csv", "summary.md", "claims.json", "index.html")
-REPORT_FIGURES = ("accuracy_by_init", "training_curves", "accuracy_by_budget", "fidelity_by_block", "attention_maps",
-                  "gap_closed_heatmap", "cost_to_accuracy", "accuracy_vs_throughput", "claim_tests")
-BENCHMARK_FIGURES = ("attention_scaling",)  # only when the operator benchmark's CSV exists
-FIGURE_FORMATS = ("png", "svg")
 RESULTS_TABLES = ("runs.csv", "curves.csv")
 
 
 def report_files(with_benchmark: bool, report: str | Path = REPORT, results: str | Path = RESULTS) -> list[str]:
     """Every file the report writes: its README, tables, claims and figures, and results/{runs,curves}.csv.
 
-    `with_benchmark`: whether the operator benchmark's CSV exists (then the scaling figure is drawn).
+    `with_benchmark`: whether the operator benchmark's CSV exists (then its figures are drawn too).
     """
-    figures = REPORT_FIGURES + (BENCHMARK_FIGURES if with_benchmark else ())
     return ([f"{report}/{name}" for name in REPORT_FILES]
-            + [f"{report}/figures/{fig}.{fmt}" for fig in figures for fmt in FIGURE_FORMATS]
+            + [f"{report}/figures/{fig}.{fmt}" for fig in figure_names(with_benchmark) for fmt in FIGURE_FORMATS]
             + [f"{results}/{name}" for name in RESULTS_TABLES])
 
 

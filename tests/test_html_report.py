@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from linvit.grid import REPORT_FIGURES
+from linvit.figure_registry import figure_names
 from linvit.report import ResultsError, write_report
 from linvit.report import provenance
 from conftest import patient
@@ -68,7 +68,7 @@ def test_index_html_is_self_contained_and_mirrors_the_readme(report):
     parser = _Elements()
     parser.feed(html)
     images = [attrs["src"] for tag, attrs in parser.tags if tag == "img"]
-    assert len(images) == len(REPORT_FIGURES) and all(src.startswith("data:image/png;base64,") for src in images)
+    assert len(images) == len(figure_names()) and all(src.startswith("data:image/png;base64,") for src in images)
     # No external URL at all: no scheme-qualified or protocol-relative src/href, no stylesheet or script file.
     for tag, attrs in parser.tags:
         for key in ("src", "href"):
@@ -160,7 +160,7 @@ def test_index_html_renders_in_chromium(report, browser, width):
     images = browser.execute_script(
         "return [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight,"
         " i.getBoundingClientRect().width])")
-    assert len(images) == len(REPORT_FIGURES)
+    assert len(images) == len(figure_names())
     for complete, natural_w, natural_h, shown in images:
         assert complete and natural_w > 0 and natural_h > 0 and 0 < shown <= pixels
     svgs = browser.execute_script("return [...document.querySelectorAll('svg')].map(s => s.getBBox().width)")

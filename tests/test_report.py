@@ -25,7 +25,8 @@ import pytest
 from linvit.claims.judge import evaluate_claims
 from linvit.claims.verdicts import NOT_EVALUABLE
 from linvit.config import NO_DESIGN
-from linvit.grid import REPORT_FIGURES, Cell, all_cells
+from linvit.figure_registry import figure_names
+from linvit.grid import Cell, all_cells
 from linvit.predictions import PREDICTIONS, write_predictions
 from linvit.report import ResultsError, collect, cost_table, load_predictions, summarize, write_report
 from linvit.stats.paired import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
@@ -313,7 +314,7 @@ def test_cost_table_steps_to_reach_random(tree):
 def test_report_files_figures_and_sections(tree):
     _, report, _ = tree
     readme = (report / "README.md").read_text()
-    for name in REPORT_FIGURES:  # accuracy by init, curves, accuracy by budget, fidelity by block, attention maps
+    for name in figure_names():  # accuracy by init, curves, accuracy by budget, fidelity by block, attention maps
         png, svg = report / "figures" / f"{name}.png", report / "figures" / f"{name}.svg"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
         assert b"<svg" in svg.read_bytes()[:2000]

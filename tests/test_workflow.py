@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from linvit import grid
+from linvit import figure_registry, grid
 from linvit.bench import bench_grid
 from linvit.config import kd_reference
 from linvit.attention import available_variants
@@ -609,7 +609,7 @@ def test_snakemake_report_captions_every_file_of_the_report_rule(smoke):
     for path, result in results.items():
         caption = re.sub(r"<[^>]+>|\s+", " ", result["caption"] or "")
         assert len(caption.split()) >= 10, path
-    for name in grid.REPORT_FIGURES:  # each figure's caption (workflow/report/<name>.rst) is shown with it
+    for name in figure_registry.figure_names():  # each figure's caption (workflow/report/<name>.rst) is shown with it
         words = " ".join((REPO / f"workflow/report/{name}.rst").read_text().split()[:6])
         for fmt in ("png", "svg"):
             caption = re.sub(r"<[^>]+>|\s+", " ", results[f"report/figures/{name}.{fmt}"]["caption"])

@@ -1,5 +1,8 @@
-"""The report's figures, each named and saved here: one function per figure of linvit.grid's
-REPORT_FIGURES (and BENCHMARK_FIGURES), drawn by its family's module:
+"""The report's figures: every one registered in linvit.figure_registry, drawn from the report's tables and saved.
+
+Each entry names its drawing function (in its family's module) and the inputs it takes; `FigureInputs` holds
+those inputs, `draw_figure` draws one figure and saves it, `draw_figures` every figure of the report's
+Figures section (or of its Operator scaling section). The families:
 
 - figures_accuracy: accuracy by init strategy and design, test accuracy against training step (both
   at the grid's largest budget) and against the training budget, the gap closed as a heatmap;
@@ -8,104 +11,135 @@ REPORT_FIGURES (and BENCHMARK_FIGURES), drawn by its family's module:
   operator benchmark's time against tokens;
 - figures_tests: every deciding test of the claims against its threshold;
 
-with figures_common's panels, styles and reading of runs and curves.
+with figures_common's panels, styles and reading of runs and curves. The functions below named after a
+figure draw and save it from the inputs a caller holds (the tests', say); a new figure needs none.
 
 Figures are drawn on explicit Agg-backed `Figure` objects (no pyplot), so the report never needs a
 display, never touches the caller's global matplotlib state, and leaks no open figures. Each is
-saved in linvit.grid's FIGURE_FORMATS (PNG for the Markdown report, SVG as vector), each written
-atomically, under the names linvit.grid lists as the report's outputs.
+saved in FIGURE_FORMATS (PNG for the Markdown report, SVG as vector), each written atomically, under
+the names linvit.grid lists as the report's outputs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
 
 import pandas as pd
 from matplotlib.figure import Figure
 
 from linvit.claims.verdicts import ClaimVerdict
-from linvit.grid import BENCHMARK_FIGURES, FIGURE_FORMATS, REPORT_FIGURES
+from linvit.figure_registry import FIGURE_FORMATS, FIGURES, figure
 from linvit.io import atomic_path
-from linvit.report.aggregate import ID_COLUMNS
-from linvit.report.figures_accuracy import (draw_accuracy_by_budget, draw_accuracy_by_init, draw_gap_closed_heatmap,
-                                            draw_training_curves)
-from linvit.report.figures_attention import draw_attention_maps, draw_fidelity_by_block, map_dpi
+from linvit.report.aggregate import ID_COLUMNS, attention_records
 from linvit.report.figures_common import DPI, _largest_budget, _with_axes
-from linvit.report.figures_cost import draw_accuracy_vs_throughput, draw_attention_scaling, draw_cost_to_accuracy
-from linvit.report.figures_tests import draw_claim_tests
 # Read through this module by callers and tests: the line order and labels every figure shares.
 from linvit.report.figures_accuracy import Plotted, plotted  # noqa: F401
 from linvit.report.figures_common import _lines, _reference, _select, variant_label  # noqa: F401
 
-(ACCURACY_FIGURE, CURVES_FIGURE, BUDGET_FIGURE, FIDELITY_FIGURE, MAPS_FIGURE, GAP_FIGURE, COST_FIGURE,
- THROUGHPUT_FIGURE, TESTS_FIGURE) = REPORT_FIGURES
-(SCALING_FIGURE,) = BENCHMARK_FIGURES
 # Metadata without dates keeps reruns byte-stable.
 FORMAT_METADATA = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}
 
 
+@dataclass
+class FigureInputs:
+    """What the registered figures are drawn from: linvit.figure_registry.INPUTS, each None until given.
+    `of_report` gives them all from the report's tables."""
+
+    config: dict
+    runs: pd.DataFrame | None = None
+    curves: pd.DataFrame | None = None
+    finished_curves: pd.DataFrame | None = None
+    budget: float | None = None
+    summary: pd.DataFrame | None = None
+    verdicts: list[ClaimVerdict] | None = None
+    looks: list[int] | None = None
+    maps: list[dict] | None = None
+    bench: pd.DataFrame | None = None
+
+    @classmethod
+    def of_report(cls, config: dict, runs: pd.DataFrame, curves: pd.DataFrame, summary: pd.DataFrame | None = None,
+                  verdicts: list[ClaimVerdict] | None = None, results: str | Path | None = None) -> FigureInputs:
+        """The budget is the grid's largest (the largest in `runs`, which lists every expected cell), and the
+        finished curves leave out runs that did not finish, so accuracy_by_init and training_curves show the
+        same runs; the attention maps are read from `results` (none without it)."""
+        axes = _with_axes(runs)
+        finished = axes.loc[axes["status"] == "ok", ID_COLUMNS]
+        return cls(config, runs, curves, _with_axes(curves).merge(finished, on=ID_COLUMNS), _largest_budget(axes),
+                   summary, verdicts, (config.get("sequential") or {}).get("looks"),
+                   None if results is None else attention_records(runs, results))
+
+
+def draw_figure(name: str, inputs: FigureInputs, out_dir: str | Path) -> list[Path]:
+    """Draw the registered figure `name` from its inputs and save it in out_dir (out_dir/name.png, .svg)."""
+    entry = figure(name)
+    fig = _function(entry.draw)(*(getattr(inputs, key) for key in entry.inputs))
+    return save_figure(fig, Path(out_dir) / entry.name, dpi=_function(entry.dpi)(fig) if entry.dpi else DPI)
+
+
+def draw_figures(inputs: FigureInputs, out_dir: str | Path, benchmark: bool = False) -> list[Path]:
+    """Every registered figure of the Figures section, in order (with `benchmark`: those of the operator
+    benchmark instead), each drawn and saved."""
+    return [path for entry in FIGURES if entry.benchmark == benchmark for path in draw_figure(entry.name, inputs, out_dir)]
+
+
+def _function(ref: str):
+    module, name = ref.split(":")
+    return getattr(import_module(module), name)
+
+
 def write_figures(runs: pd.DataFrame, curves: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
-    """Accuracy by init and the training curves, both at the grid's largest budget (the largest in
-    `runs`, which lists every expected cell); curves of runs that did not finish are left out, so the
-    two figures show the same runs."""
-    runs, curves = _with_axes(runs), _with_axes(curves)
-    finished = runs.loc[runs["status"] == "ok", ID_COLUMNS]
-    budget = _largest_budget(runs)
-    return (accuracy_by_init(runs, config, out_dir, budget=budget)
-            + training_curves(curves.merge(finished, on=ID_COLUMNS), config, out_dir, budget=budget))
+    """Accuracy by init and the training curves, both at the grid's largest budget, of the same runs
+    (FigureInputs.of_report)."""
+    inputs = FigureInputs.of_report(config, runs, curves)
+    return draw_figure("accuracy_by_init", inputs, out_dir) + draw_figure("training_curves", inputs, out_dir)
 
 
 def accuracy_by_init(runs: pd.DataFrame, config: dict, out_dir: str | Path, budget: float | None = None) -> list[Path]:
-    """figures_accuracy.draw_accuracy_by_init, saved."""
-    return save_figure(draw_accuracy_by_init(runs, config, budget), Path(out_dir) / ACCURACY_FIGURE)
+    """At `budget`, by default the largest in `runs`."""
+    return draw_figure("accuracy_by_init", FigureInputs(config, runs=runs, budget=budget), out_dir)
 
 
 def training_curves(curves: pd.DataFrame, config: dict, out_dir: str | Path, budget: float | None = None) -> list[Path]:
-    """figures_accuracy.draw_training_curves, saved."""
-    return save_figure(draw_training_curves(curves, config, budget), Path(out_dir) / CURVES_FIGURE)
+    """All of `curves`, at `budget`, by default the largest in `curves`."""
+    return draw_figure("training_curves", FigureInputs(config, finished_curves=curves, budget=budget), out_dir)
 
 
 def accuracy_by_budget(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
-    """figures_accuracy.draw_accuracy_by_budget, saved."""
-    return save_figure(draw_accuracy_by_budget(runs, config), Path(out_dir) / BUDGET_FIGURE)
+    return draw_figure("accuracy_by_budget", FigureInputs(config, runs=runs), out_dir)
 
 
 def gap_closed_heatmap(summary: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
-    """figures_accuracy.draw_gap_closed_heatmap, saved."""
-    return save_figure(draw_gap_closed_heatmap(summary, config), Path(out_dir) / GAP_FIGURE)
+    return draw_figure("gap_closed_heatmap", FigureInputs(config, summary=summary), out_dir)
 
 
 def fidelity_by_block(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
-    """figures_attention.draw_fidelity_by_block, saved."""
-    return save_figure(draw_fidelity_by_block(runs, config), Path(out_dir) / FIDELITY_FIGURE)
+    return draw_figure("fidelity_by_block", FigureInputs(config, runs=runs), out_dir)
 
 
 def attention_maps(maps: list[dict], out_dir: str | Path) -> list[Path]:
-    """figures_attention.draw_attention_maps, saved at a resolution that keeps a large grid's PNG bounded."""
-    fig = draw_attention_maps(maps)
-    return save_figure(fig, Path(out_dir) / MAPS_FIGURE, dpi=map_dpi(fig))
+    """From attention records (linvit.report.aggregate.attention_records)."""
+    return draw_figure("attention_maps", FigureInputs({}, maps=maps), out_dir)
 
 
 def cost_to_accuracy(runs: pd.DataFrame, config: dict, out_dir: str | Path,
                      curves: pd.DataFrame | None = None) -> list[Path]:
-    """figures_cost.draw_cost_to_accuracy, saved."""
-    return save_figure(draw_cost_to_accuracy(runs, config, curves), Path(out_dir) / COST_FIGURE)
+    return draw_figure("cost_to_accuracy", FigureInputs(config, runs=runs, curves=curves), out_dir)
 
 
 def accuracy_vs_throughput(runs: pd.DataFrame, config: dict, out_dir: str | Path) -> list[Path]:
-    """figures_cost.draw_accuracy_vs_throughput, saved."""
-    return save_figure(draw_accuracy_vs_throughput(runs, config), Path(out_dir) / THROUGHPUT_FIGURE)
+    return draw_figure("accuracy_vs_throughput", FigureInputs(config, runs=runs), out_dir)
 
 
 def attention_scaling(bench: pd.DataFrame, out_dir: str | Path) -> list[Path]:
-    """figures_cost.draw_attention_scaling (the operator benchmark), saved."""
-    return save_figure(draw_attention_scaling(bench), Path(out_dir) / SCALING_FIGURE)
+    """The operator benchmark's figure."""
+    return draw_figure("attention_scaling", FigureInputs({}, bench=bench), out_dir)
 
 
 def claim_tests(verdicts: list[ClaimVerdict], looks: list[int] | None, out_dir: str | Path) -> list[Path]:
-    """figures_tests.draw_claim_tests, saved; `looks`: the plan's looks (config `sequential.looks`),
-    None for a fixed design."""
-    return save_figure(draw_claim_tests(verdicts, looks), Path(out_dir) / TESTS_FIGURE)
+    """`looks`: the plan's looks (config `sequential.looks`), None for a fixed design."""
+    return draw_figure("claim_tests", FigureInputs({}, verdicts=verdicts, looks=looks), out_dir)
 
 
 def save_figure(fig: Figure, stem: Path, dpi: float = DPI) -> list[Path]:

@@ -1,7 +1,8 @@
 """The accuracy figures: accuracy by init strategy and design and the training curves (both at the
 grid's largest budget), accuracy against the training budget, and the gap closed as a heatmap.
 
-Each draw_* function returns an Agg-backed `Figure`; linvit.report.figures names and saves it.
+Each draw_* function returns an Agg-backed `Figure`; its entry in linvit.figure_registry names it and the
+inputs it takes, linvit.report.figures draws and saves it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The attention figures: fidelity to the teacher by block (KL and map correlation) and class-token
 attention maps on the patch grid.
 
-Each draw_* function returns an Agg-backed `Figure`; linvit.report.figures names and saves it.
+Each draw_* function returns an Agg-backed `Figure`; its entry in linvit.figure_registry names it and the
+inputs it takes, linvit.report.figures draws and saves it.
 """
 
 from __future__ import annotations

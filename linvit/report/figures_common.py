@@ -2,8 +2,8 @@
 the panel grid (a column per dataset, a row per variant and size), and the reading of runs and curves
 (finished runs, the largest budget, the students' (init, design) lines in one order with one label).
 
-linvit.report.figures names and saves the figures; figures_accuracy, figures_attention, figures_cost and
-figures_tests draw them with these pieces.
+linvit.figure_registry names the figures and linvit.report.figures saves them; figures_accuracy,
+figures_attention, figures_cost and figures_tests draw them with these pieces.
 """
 
 from __future__ import annotations

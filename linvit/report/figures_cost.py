@@ -1,7 +1,8 @@
 """The cost figures: test accuracy against cost (steps and wall-clock of training plus distillation)
 and against measured throughput, and the operator benchmark's time against tokens.
 
-Each draw_* function returns an Agg-backed `Figure`; linvit.report.figures names and saves it.
+Each draw_* function returns an Agg-backed `Figure`; its entry in linvit.figure_registry names it and the
+inputs it takes, linvit.report.figures draws and saves it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A fixed design draws each cell's estimate with the test's own paired interval (t
 test images paired, at `claims.level`). A sequential plan draws each cell's estimate and repeated interval at
 each look against the seeds of that look, the stopping look ringed. Shares are in %, differences in pp; an
 unbounded end (a share whose benefit is not established) is clipped to the panel's edge, an arrowhead there.
-Drawn as the other figure families draw (an Agg `Figure`, no pyplot); linvit.report.figures names and saves it.
+Drawn as the other figure families draw (an Agg `Figure`, no pyplot); its entry in linvit.figure_registry
+names and captions it, linvit.report.figures saves it.
 """
 
 from __future__ import annotations
@@ -20,10 +21,6 @@ from linvit.claims.table import CLAIMS
 from linvit.claims.verdicts import NOT_EVALUABLE, ClaimVerdict, TestOutcome
 from linvit.report.decisions import deciding_tests
 
-CAPTION = ("Each deciding test of each linear cell against its threshold (dashed), one panel per test: under a fixed "
-           "design its estimate and paired interval (the claims' own, at `claims.level`); under a sequential plan its "
-           "estimate and repeated interval at each look against the seeds of that look, the stopping look ringed. An "
-           "unbounded end (a share whose benefit is not established) is clipped to the panel's edge.")
 THRESHOLD_STYLE = {"color": "black", "linestyle": "--", "linewidth": 1.0}
 _STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
 

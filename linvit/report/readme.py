@@ -15,14 +15,13 @@ from linvit.claims.judge import intervals_over
 from linvit.claims.roles import COPY_MLP_DISTILL, resolve_roles
 from linvit.claims.verdicts import ClaimVerdict
 from linvit.config import NO_DESIGN, REFERENCE_INIT, budgets, design_names, design_specs, pretrained
+from linvit.figure_registry import figure
 from linvit.grid import CONTROL_VARIANT, Cell, shards_dir, teacher_of
 from linvit.io import read_json
 from linvit.report.aggregate import STATUSES, rule_costs
 from linvit.report.claims_text import (budget_markdown, claims_markdown, control_markdown, coverage_section,
                                        mde_markdown, roles_markdown, rules_markdown, verdicts_table)
 from linvit.report.decisions import displayed, seed_ranges, section as decisions_section
-from linvit.report.figures import TESTS_FIGURE
-from linvit.report.figures_tests import CAPTION as TESTS_CAPTION
 from linvit.report.tables import designs_table, pct, training_text, unequal_distillation
 from linvit.stats.sequential import Plan
 
@@ -257,39 +256,13 @@ def _design_text(spec: dict | None) -> str:
     return text + ("" if frozen else " (all parameters train)")
 
 
-# One sentence under each figure (linvit.report.figures says how each is drawn).
-CAPTIONS = {
-    "accuracy_by_init": "Final test accuracy per init strategy [design] at the grid's largest budget: seeds as "
-                        "points, the mean with its t interval over seeds (the claims' level, `claims.level`), the "
-                        "softmax reference dashed.",
-    "training_curves": "Test accuracy against training step per init strategy [design] at the grid's largest budget "
-                       "(band: std over seeds), the softmax reference dashed.",
-    "accuracy_by_budget": "Test accuracy against the training budget (log2 axis), one line per init strategy and "
-                          "design through the mean over seeds, the softmax reference dashed.",
-    "fidelity_by_block": "Attention fidelity to the teacher per block at the largest budget (mean over seeds): "
-                         "KL(A ‖ Â) above, the maps' correlation below.",
-    "attention_maps": "The class token's attention on the patch grid, one panel per head: the teacher, then the "
-                      "softmax reference and each student (largest budget, first seed).",
-    "gap_closed_heatmap": "Gap closed at the grid's largest budget (0: the random role, 1: the softmax reference), "
-                          "operator x init strategy [design], one panel per dataset; empty cells are undefined.",
-    "cost_to_accuracy": "Test accuracy against cost, one line per init strategy [design] through its budgets (with "
-                        "one budget: through each run's evaluations along training), the softmax reference dashed: "
-                        "against steps (a distilled strategy's distillation steps added) and against train + distill "
-                        "seconds; bars are t intervals over seeds (the claims' level).",
-    "accuracy_vs_throughput": "Test accuracy at the largest budget against measured forward throughput (images/s on "
-                              "the evaluating machine), per operator and init strategy [design], the softmax "
-                              "reference a star; bars are t intervals over seeds (the claims' level).",
-    TESTS_FIGURE: TESTS_CAPTION,
-}
-
-
 def _figures_section(figures: list[Path]) -> str:
+    """Each figure's PNG with its caption (its entry's in linvit.figure_registry) and a link to its SVG."""
     blocks = []
     for png in (f for f in figures if f.suffix == ".png"):
-        name = png.stem.replace("_", " ")
-        caption = f"{CAPTIONS[png.stem]} " if png.stem in CAPTIONS else ""
-        blocks.append(f"![{name}]({png.as_posix()})\n\n{caption}({name}; vector: [{png.with_suffix('.svg').name}]"
-                      f"({png.with_suffix('.svg').as_posix()}))")
+        name, caption = png.stem.replace("_", " "), figure(png.stem).caption
+        blocks.append(f"![{name}]({png.as_posix()})\n\n{caption + ' ' if caption else ''}({name}; vector: "
+                      f"[{png.with_suffix('.svg').name}]({png.with_suffix('.svg').as_posix()}))")
     return "\n\n".join(blocks)
 
 

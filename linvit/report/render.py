@@ -18,10 +18,8 @@ from linvit.claims.judge import evaluate_claims
 from linvit.claims.verdicts import write_verdicts
 from linvit.grid import REPORT_FILES, RESULTS_TABLES, operator_benchmark_path, report_files
 from linvit.io import write_text
-from linvit.report.aggregate import (ResultsError, attention_records, benchmark_jobs, collect, load_predictions,
-                                     write_csv)
-from linvit.report.figures import (accuracy_by_budget, accuracy_vs_throughput, attention_maps, claim_tests,
-                                   cost_to_accuracy, fidelity_by_block, gap_closed_heatmap, write_figures)
+from linvit.report.aggregate import ResultsError, benchmark_jobs, collect, load_predictions, write_csv
+from linvit.report.figures import FigureInputs, draw_figures
 from linvit.report.html_page import render_html
 from linvit.report.provenance import collect as collect_provenance, markdown as provenance_markdown
 from linvit.report.readme import _figures_section, _markdown, display_summary, render_readme
@@ -53,13 +51,9 @@ def write_report(config: dict, results: str | Path, report_dir: str | Path) -> l
                write_csv(summary, report_dir / SUMMARY_CSV)]
     _write(report_dir / SUMMARY_MD, "# Summary over seeds\n\n" + _markdown(display_summary(summary)) + "\n", written)
     written.append(write_verdicts(report_dir / CLAIMS_JSON, verdicts))
-    figure_dir = report_dir / "figures"
-    figures = (write_figures(runs, curves, config, figure_dir) + accuracy_by_budget(runs, config, figure_dir)
-               + fidelity_by_block(runs, config, figure_dir)
-               + attention_maps(attention_records(runs, results), figure_dir)
-               + gap_closed_heatmap(summary, config, figure_dir) + cost_to_accuracy(runs, config, figure_dir, curves)
-               + accuracy_vs_throughput(runs, config, figure_dir)
-               + claim_tests(verdicts, (config.get("sequential") or {}).get("looks"), figure_dir))
+    # Every registered figure (linvit.figure_registry) but the operator benchmark's, in its order.
+    figures = draw_figures(FigureInputs.of_report(config, runs, curves, summary, verdicts, results),
+                           report_dir / "figures")
     written.extend(figures)
     scaling, scaling_figures = _scaling_section(bench_path, report_dir) if bench_path.exists() else ("", [])
     written.extend(scaling_figures)
@@ -85,9 +79,9 @@ def _write(path: Path, text: str, written: list[Path]) -> None:
 
 
 def _scaling_section(path: Path, report_dir: Path) -> tuple[str, list[Path]]:
-    """The operator benchmark (its CSV from `linvit benchmark`): table and log-log figure."""
+    """The operator benchmark (its CSV from `linvit benchmark`): table and its figures (the registered figures
+    with `benchmark`: the log-log scaling)."""
     from linvit.benchmark import summarize
-    from linvit.report.figures import attention_scaling
 
     try:
         bench = pd.read_csv(path)
@@ -96,7 +90,7 @@ def _scaling_section(path: Path, report_dir: Path) -> tuple[str, list[Path]]:
     missing = [c for c in ("variant", "tokens", "seconds", "speedup_vs_softmax") if c not in bench]
     if missing:
         raise ResultsError(f"{path}: missing column(s) {', '.join(missing)}")
-    figures = attention_scaling(bench, report_dir / "figures")
+    figures = draw_figures(FigureInputs({}, bench=bench), report_dir / "figures", benchmark=True)
     tokens = sorted(bench["tokens"].unique())
     high = 4096 if 4096 in tokens else tokens[-1]
     table = (bench.pivot(index="variant", columns="tokens", values="seconds") * 1e3).round(2)

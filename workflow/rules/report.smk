@@ -3,6 +3,8 @@
 # use it after --keep-going left gaps.
 import glob
 
+from linvit import figure_registry
+
 REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "control_inits", "seeds", "budgets", "distills",
                         "distill_designs", "distill.loss", "student.train.steps", "student.train.batch_size",
                         "teacher", "teachers", "datasets", "init_strategies", "claims", "sequential", "added_seeds",
@@ -18,11 +20,8 @@ HARNESS_TABLE = f"{grid.REPORT}/harness_benchmarks.csv"  # linvit.report.render.
 # (workflow/report/<name>.rst) and category; the same paths as grid.report_files, only flagged.
 REPORT_CATEGORIES = {
     "README.md": "Report", "index.html": "Report", "claims.json": "Claims", "summary.csv": "Accuracy",
-    "summary.md": "Accuracy", "runs.csv": "Accuracy", "curves.csv": "Accuracy", "accuracy_by_init": "Accuracy",
-    "training_curves": "Accuracy", "accuracy_by_budget": "Accuracy", "gap_closed_heatmap": "Claims",
-    "cost_to_accuracy": "Cost", "accuracy_vs_throughput": "Cost", "fidelity_by_block": "Attention",
-    "attention_maps": "Attention", "attention_scaling": "Attention", "harness_benchmarks.csv": "Harness benchmarks",
-    "claim_tests": "Claims",
+    "summary.md": "Accuracy", "runs.csv": "Accuracy", "curves.csv": "Accuracy",
+    "harness_benchmarks.csv": "Harness benchmarks",
 }
 REPORT_CAPTIONS = {"summary.md": "summary.csv"}  # the same table in Markdown
 
@@ -31,14 +30,11 @@ REPORT_CAPTIONS = {"summary.md": "summary.csv"}  # the same table in Markdown
 REPORT_OUTPUTS = grid.report_files(WITH_BENCHMARK)
 if HARNESS_BENCHMARKS:
     REPORT_OUTPUTS.insert(1, HARNESS_TABLE)
-# A figure (report/figures/<name>.<format>) is captioned by its name, once for both formats; a table or
-# page by its file name (no helper function: the linter wants rules and functions in separate files).
-FIGURE_FILES = {f"{grid.REPORT}/figures/{name}.{fmt}": (name, fmt)
-                for name in grid.REPORT_FIGURES + grid.BENCHMARK_FIGURES for fmt in grid.FIGURE_FORMATS}
+# A figure (report/figures/<name>.<format>) takes its caption and category from its entry in
+# linvit.figure_registry (report_flags), once for both formats; a table or page from its file name and the
+# dicts above (no helper function here: the linter wants rules and functions in separate files).
 REPORT_FLAGS = {
-    path: dict(caption=f"../report/{FIGURE_FILES[path][0]}.rst", category=REPORT_CATEGORIES[FIGURE_FILES[path][0]],
-               labels={"figure": FIGURE_FILES[path][0].replace("_", " "), "format": FIGURE_FILES[path][1]})
-    if path in FIGURE_FILES else
+    path: figure_registry.report_flags(path) or
     dict(caption=f"../report/{REPORT_CAPTIONS.get(os.path.basename(path), os.path.basename(path)).replace('.', '_')}.rst",
          category=REPORT_CATEGORIES[os.path.basename(path)], labels={"file": path})
     for path in REPORT_OUTPUTS

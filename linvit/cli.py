@@ -156,7 +156,8 @@ def cmd_status(args):
     from pathlib import Path
 
     from .config import validate
-    from .decide import current_config, status_lines
+    from .decide_state import current_config
+    from .status_decide import status_lines
     from .runrecord import read_record, status_config
     from .status import collect, render
 

@@ -516,7 +516,7 @@ def _snakemake_line(grid: GridStatus) -> str:
 def _still_working(grid: GridStatus) -> str:
     """What still works in the folder while no Snakemake does: a linvit decide driver or its Snakemake that
     results/decide/driver.lock names, and jobs whose processes run here (a killed Snakemake left them)."""
-    from .decide import lock_owners
+    from .decide_state import lock_owners
 
     here = [j.job.name for j in grid.jobs if j.state == "running" and j.detail.startswith("runs here")]
     parts = [p for p in (lock_owners(grid.root), here and f"{len(here)} of its jobs still run here ("

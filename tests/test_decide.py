@@ -191,7 +191,8 @@ def test_the_next_look_adds_seeds_only_to_undecided_tests_of_undecided_claims(tm
 def test_a_recorded_look_that_reads_differently_now_is_refused(tmp_path):
     """check_past: a look is never re-decided. If the runs of its seeds changed after it was decided (its
     statistic or outcome reads differently from the results now), the driver stops in one line."""
-    from linvit.decide import DecideError, Driver
+    from linvit.decide import Driver
+    from linvit.decide_state import DecideError
 
     driver = Driver({**TINY, "sequential": {"looks": [2, 3]}}, ["tiny.yaml"], tmp_path / "results",
                     tmp_path / "report")

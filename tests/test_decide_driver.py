@@ -178,7 +178,7 @@ def test_a_dry_run_before_look_one_writes_no_folder(grid):
 
 
 def test_dry_run_flags_as_snakemake_reads_them():
-    from linvit.decide import is_dry_run
+    from linvit.decide_inputs import is_dry_run
 
     for args in (["-n"], ["--cores", "1", "--dryrun"], ["-np"], ["-pn"], ["-kpn"], ["-nj4"], ["--executor", "dryrun"],
                  ["--executor=dryrun"]):
@@ -301,7 +301,8 @@ def test_seeds_in_the_state_beyond_the_cap_are_refused_before_snakemake_runs(gri
 
 def test_a_later_looks_seed_in_the_state_is_refused(grid):
     """Seed 3 is within the cap (4 seeds at look 3) but look 3's: look 2 never trains it."""
-    from linvit.decide import DecideError, Driver
+    from linvit.decide import Driver
+    from linvit.decide_state import DecideError
 
     tmp, config, _ = grid
     state = at_look_two(tmp, config, added_seeds=(3,))
@@ -344,7 +345,9 @@ BROKEN = {  # what is done to a state at look 2, and the refusal's words
 @pytest.mark.parametrize("broken", list(BROKEN))
 def test_a_state_that_is_not_the_drivers_record_is_a_decide_error(grid, broken):
     """Driver.load_state (decide) and read_state (status: current_config, status_lines) alike."""
-    from linvit.decide import DecideError, Driver, current_config, status_lines
+    from linvit.decide import Driver
+    from linvit.decide_state import DecideError, current_config
+    from linvit.status_decide import status_lines
 
     tmp, config, _ = grid
     state = at_look_two(tmp, config)

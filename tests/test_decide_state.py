@@ -17,7 +17,9 @@ import pytest
 from linvit import grid
 from linvit.bench import write_stub
 from linvit.claims.table import CLAIMS
-from linvit.decide import DecideError, Driver, status_lines
+from linvit.decide import Driver
+from linvit.decide_state import DecideError
+from linvit.status_decide import status_lines
 from linvit.status import WHOLE, collect
 
 from test_decide import TINY

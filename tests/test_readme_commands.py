@@ -365,7 +365,8 @@ def check_decide(command, match, tmp, capsys, comment):
     """The sequential driver's arguments: its config files (the default grid and its plan when none is named)
     make a grid with a plan whose first look is the configured seeds, and the rest, Snakemake's own (a
     profile too), plan look 1 as that grid (a dry run: the driver runs Snakemake once per look)."""
-    from linvit.decide import DEFAULT_CONFIGS, Driver, merged_config, split_args
+    from linvit.decide import Driver
+    from linvit.decide_inputs import DEFAULT_CONFIGS, merged_config, split_args
 
     files, rest, _ = split_args(shlex.split(match["args"]))
     files = [str(REPO / f) for f in files or DEFAULT_CONFIGS]

@@ -19,7 +19,7 @@ import pandas as pd
 from linvit.claims.table import CLAIMS, Design
 from linvit.claims.verdicts import NOT_EVALUABLE, STILL_OPEN, ClaimVerdict, TestOutcome
 from linvit.config import seed_sequence
-from linvit.decide import DecideError, read_state
+from linvit.decide_state import DecideError, read_state
 from linvit.grid import jobs as grid_jobs
 from linvit.report.aggregate import COST_RULES, benchmark_jobs
 from linvit.report.claims_text import UNDECIDED_AT_END, number

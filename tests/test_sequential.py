@@ -333,6 +333,78 @@ def test_c4_reads_each_failure_at_its_share_of_the_family():
     assert c4_of(near) == [seq.FUTILE, paired.HOLDS]
 
 
+def c2_share(benefit_z: float, gap: float, seed: int = 0) -> pairing.Sample:
+    """mlp_only, random and copy_all over 5 seeds: a benefit (copy_all - random) whose t is `benefit_z` (1 pp
+    where `benefit_z` is None: then its t is whatever 1 pp on 1 pp of noise gives) and mlp_only `gap` from random."""
+    rng = np.random.default_rng(seed)
+    random = 0.5 + 0.01 * rng.standard_normal(5)
+    if benefit_z is None:
+        benefit = 0.01 + 0.01 * rng.standard_normal(5)
+    else:
+        noise = rng.standard_normal(5)
+        benefit = 0.1 + (noise - noise.mean()) / noise.std(ddof=1) * 0.1 * math.sqrt(5) / benefit_z
+    mlp = random + gap + (0.005 if benefit_z is None else 0.002) * rng.standard_normal(5)
+    columns = {"mlp_only": mlp, "random": random, "copy_all": random + benefit}
+    return pairing.Sample({r: v[:, None] for r, v in columns.items()}, list(range(5)), 0, pairing.SEEDS_ONLY)
+
+
+C2_SHARE = ({"mlp_only": 1, "random": -1}, {"copy_all": 1, "random": -1})
+
+
+def test_c4_cannot_fail_a_cell_where_the_claims_own_test_cannot():
+    """Issue 57 (an independent review's demonstration): mlp_alone with a benefit of +1 pp not clearly positive
+    and mlp_only 30 pp below random. Its T is far past every fail boundary, but its benefit is not established,
+    so its own test continues; C4 read it as failing for a family of m = 3, 6 and 30 (fails_at skipped the gate)."""
+    from linvit.claims.judge import _c4
+    from linvit.claims.table import Design
+    from linvit.claims.verdicts import CellVerdict, ClaimVerdict, TestOutcome
+
+    config = {**base_config(), "variants": ["elu", "hedgehog"], "sequential": {"looks": [5, 10, 15, 20, 30]}}
+    design = Design.from_config(config)
+    r = seq.sequential_test([c2_share(None, -0.30)], *C2_SHARE, 0.5, ">=", design.plan, 0.025, 0.0125)
+    look = r.looks[0]
+    assert r.outcome == seq.CONTINUES and look.statistic < -10 * look.fail_bound
+    assert "not established" in look.note and look.low == -math.inf
+    looks = [x.as_dict() for x in r.looks]
+    for m in (3, 6, 30):
+        assert not seq.fails_at(looks, 0.025 / (2 * m), design.plan)
+        assert not seq.fails_at(looks, 0.025 / (2 * m), design.plan, (0.5, ">="))
+    # Zero variance is no test: nothing to cross, whatever the alpha.
+    same = seq.sequential_test([sample(np.full((2, 5), 0.8))], {"a": 1, "b": -1}, None, 0.1, ">=", design.plan,
+                               0.025, 0.025)
+    assert not seq.fails_at([x.as_dict() for x in same.looks], 0.025 / 6, design.plan)
+
+    continuing = TestOutcome("mlp_alone", r.outcome, threshold=0.5, side=">=", looks=looks)
+    held = TestOutcome("attn_alone", paired.HOLDS, looks=[], stopped=1)
+
+    def cells(name, outcome, tests):
+        return [CellVerdict(name, "fmnist_5to9", "micro", v, 200, outcome, tests=tests) for v in ("elu", "hedgehog")]
+    verdicts = [ClaimVerdict("C1", "", "", {}, cells("C1", paired.HOLDS, [held])),
+                ClaimVerdict("C2", "", "", {}, cells("C2", seq.CONTINUES, [continuing])),
+                ClaimVerdict("C3", "", "", {}, cells("C3", paired.HOLDS, [held]))]
+    assert [c.outcome for c in _c4(verdicts, config, paired.Settings(), design).cells] == [seq.CONTINUES] * 2
+
+
+def test_a_share_fails_c4_only_where_its_benefit_is_established_at_c4s_boundary():
+    """A share that failed at its own fail side (its benefit established there, t = 8 > 6.04) and whose T (-15.2)
+    is past C4's boundary for m = 3 (8.14) still does not fail C4 there: at 8.14 its benefit is not established
+    (that side of its repeated interval is unbounded). With its benefit at t = 20 it does. The benefit's t is read
+    back from the recorded look (its repeated interval and T) to the precision of the numbers."""
+    from linvit.stats.pairing import contrast_moments
+
+    plan = seq.Plan((5, 10, 15, 20, 30))
+    for z, fails in ((8.0, [True, False, False]), (20.0, [True, True, True])):
+        s = c2_share(z, -0.05)
+        r = seq.sequential_test([s], *C2_SHARE, 0.5, ">=", plan, 0.025, 0.0125)
+        assert r.outcome == paired.FAILS
+        look = r.looks[0].as_dict()
+        _, _, means, seed, image = contrast_moments(s, *C2_SHARE)
+        assert seq.benefit_t(look, 0.5, ">=") == pytest.approx(means[1] / math.sqrt(seed[1, 1] + image[1, 1]), rel=1e-9)
+        c3 = boundaries.t_critical(boundaries.boundaries([look["fraction"]], seq.t_alpha(0.025 / 6, plan), plan)[-1], 4)
+        assert look["statistic"] < -c3  # past C4's boundary at m = 3 either way: the benefit decides
+        assert [seq.fails_at([look], 0.025 / (2 * m), plan, (0.5, ">=")) for m in (1, 3, 30)] == fails
+
+
 def test_a_grid_without_a_plan_is_refused():
     out = run(["linvit", "decide", "--configfile", str(REPO / "workflow/config/default.yaml")], cwd=REPO,
               check=False)

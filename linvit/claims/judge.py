@@ -36,6 +36,8 @@ from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT, REFERENCE_VARIANT, init
 from linvit.stats import multitest, paired, pairing, sequential
 from linvit.stats.paired import FAILS, HOLDS, INCONCLUSIVE, TOO_FEW
 
+_SHARES = {t.statistic.name: t.statistic.is_share for c in CLAIMS for t in c.tests}
+
 
 def evaluate_claims(runs: pd.DataFrame, config: dict, predictions: dict) -> list[ClaimVerdict]:
     """C1-C4 per cell, per budget and overall, with every test's numbers.
@@ -248,10 +250,13 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: paired.Settings,
         # Under a sequential plan, Bonferroni over the same family: a claim fails in C4 when one of its tests
         # crossed a fail side spending alpha / (k m) on its own looks (Holm needs p-values that a non-binding
         # stop does not give; linvit.stats.sequential).
+        # Each failure is read with every gate of its test's own decision (sequential.fails_at): a test that
+        # cannot fail in its cell (zero variance, a share's benefit not established) cannot fail C4 there.
         m = sum(len(parts) for parts in rows)
         k = {c.name: len(c.deciding) for c in CLAIMS}
         failures = [[p.claim for p in parts
-                     if any(sequential.fails_at(t.looks, settings.alpha / (k[p.claim] * m), design.plan)
+                     if any(sequential.fails_at(t.looks, settings.alpha / (k[p.claim] * m), design.plan,
+                                                (t.threshold, t.side) if _SHARES.get(t.name) else None)
                             for t in p.tests if t.decides and t.looks)] for parts in rows]
     cells = []
     for parts, failed in zip(rows, failures):

@@ -42,7 +42,8 @@ The method (Jennison and Turnbull 2000, ch. 7 and 19; Lan and DeMets 1983):
   "undecided within the cap". The boundaries ignore it, so it can only lower the error rates.
 - C4 across cells and budgets: each failure counts at its own fail side, spent at fail_alpha / m for
   a family of m (claim, cell, budget) tests (Bonferroni over the family, valid under any stopping; Holm's
-  step-down needs p-values that a non-binding stop does not give).
+  step-down needs p-values that a non-binding stop does not give), with every gate of the test's own decision
+  (`fails_at`): a test that cannot fail in its cell cannot fail C4 there.
 
 The calibration under this stopping rule is linvit.claims.calibration_sequential (docs/statistics.md, "The
 sequential design").
@@ -355,16 +356,47 @@ def sequential_test(samples: Sequence[Sample], numerator, denominator, threshold
     return result
 
 
-def fails_at(looks: Sequence[dict], alpha: float, plan: Plan) -> bool:
-    """Whether a test's recorded looks (Look.as_dict) cross a fail side that spends `alpha` instead of its own:
-    C4 reads each failure at its share of the family's alpha (Bonferroni), on the same looks and fractions."""
+def fails_at(looks: Sequence[dict], alpha: float, plan: Plan, share: tuple[float, str] | None = None) -> bool:
+    """Whether a test's recorded looks (Look.as_dict) fail at a fail side that spends `alpha` (at most the test's
+    own) instead of its own: C4 reads each failure at its share of the family's alpha (Bonferroni), on the same
+    looks and fractions. Every gate of the test's own decision applies: only a look that failed at the test's own
+    fail side can (a look with zero variance tests nothing, a share whose benefit is not established at that side
+    decides nothing), and there the statistic must cross the smaller alpha's boundary c and, for a share
+    (`share`: its threshold and side), its benefit be established at c too (b - c SE(b) > 0: that side of its
+    repeated interval bounded at c). The benefit's t statistic is read back from the look's repeated interval
+    (benefit_t), so the recorded looks suffice."""
     fractions = []
     for look in looks:
         fractions.append(look["fraction"])
+        if look["outcome"] != paired.FAILS:  # the test's own gates: it did not fail here at its own alpha
+            continue
         c = t_critical(boundaries(fractions, t_alpha(alpha, plan), plan)[-1], look["seeds"] - 1)
-        if look["statistic"] <= -c:
+        if not look["statistic"] <= -c:
+            continue
+        # At the test's own boundary its gate was this look's; past it, the benefit must be established at c.
+        if share is None or c <= look["fail_bound"] or benefit_t(look, *share) > c:
             return True
     return False
+
+
+def benefit_t(look: dict, threshold: float, side: str) -> float:
+    """A share's benefit b / SE(b) at a recorded look, from its estimate r, repeated interval and statistic T.
+    With g(R) = var(num - R den) / den^2 (a quadratic in R whose leading coefficient is (SE(b) / b)^2), Fieller's
+    bounds at critical value q solve (r - R)^2 = q^2 g(R), and T^2 = (r - threshold)^2 / g(threshold): three
+    values of g, which fix it. 0 where the interval is unbounded on a side (the benefit is not established at
+    that side's critical value) or the look has no statistic."""
+    r, low, high, t = look["estimate"], look["low"], look["high"], look["statistic"]
+    if not all(math.isfinite(x) for x in (r, low, high, t)) or t == 0:
+        return 0.0
+    q_low, q_high = ((look["fail_bound"], look["hold_bound"]) if side == "<="
+                     else (look["hold_bound"], look["fail_bound"]))
+    points = [(low, (r - low) ** 2 / q_low ** 2), (high, (r - high) ** 2 / q_high ** 2),
+              (threshold, (r - threshold) ** 2 / t ** 2)]
+    (x0, g0), (x1, g1), (x2, g2) = points
+    if len({x0, x1, x2}) < 3:
+        return 0.0
+    curvature = ((g2 - g1) / (x2 - x1) - (g1 - g0) / (x1 - x0)) / (x2 - x0)  # (SE(b) / b)^2
+    return 1 / math.sqrt(curvature) if curvature > 0 else math.inf
 
 
 def combine(results: Sequence[SequentialResult]) -> str:

@@ -34,6 +34,21 @@ def test_shipped_configs_are_valid(name):
     validate(load_config(REPO / "workflow/config" / f"{name}.yaml"))
 
 
+@pytest.mark.parametrize("path", sorted((REPO / "workflow/config").glob("*.yaml")), ids=lambda p: p.stem)
+def test_no_config_header_promises_verdicts_its_seeds_cannot_give(path):
+    """A grid with fewer seeds than a test needs (claims.min_seeds) gives "too few seeds" for every claim: its
+    header's Expect may not promise verdicts, unless it says so (issue 57)."""
+    from linvit.stats.paired import Settings
+
+    config = load_config(path)
+    if "seeds" not in config:
+        return  # a plan laid over another config (decide.yaml)
+    expect = (config.get("description") or "").partition("Expect:")[2].partition("More:")[0]
+    assert expect, f"{path.name}: its description has no Expect"
+    if len(config["seeds"]) < Settings.from_config(config).min_seeds and "sequential" not in config:
+        assert "verdict" not in expect or '"too few seeds"' in expect, f"{path.name}: {expect.strip()}"
+
+
 def test_the_schema_admits_every_setting_the_code_reads():
     """The schema's train and runtime sections list exactly the settings TrainSpec and Runtime
     read: a setting the code knows but the schema refuses cannot be used from a config at all."""

@@ -29,7 +29,7 @@ def changed(base=DEFAULT, **updates):
     return config
 
 
-@pytest.mark.parametrize("name", ["default", "smoke", "budgets", "mini_paper"])
+@pytest.mark.parametrize("name", ["default", "smoke", "budgets", "mini_paper", "c4"])
 def test_shipped_configs_are_valid(name):
     validate(load_config(REPO / "workflow/config" / f"{name}.yaml"))
 

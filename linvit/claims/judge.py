@@ -10,9 +10,10 @@ role the grid lacks, runs that do not pair); otherwise such a cell is not evalua
 
 C4 is not a table entry but the aggregation of C1-C3 over the linear cells: every cell holding (an
 intersection-union rule, no correction), or a failure that survives Holm's correction across every
-(claim, cell, budget) of the grid, so the error of "fails somewhere" is controlled over budgets too (the
-family is every such triple, also the ones not judged: its size does not depend on the data). An axis
-(datasets, sizes, variants) the grid does not vary is "not tested". Cells of the softmax control variant
+(claim, cell, budget) the grid lists (linvit.config.grid_cells: the full product by default), so the error of
+"fails somewhere" is controlled over budgets too (the family is every such triple, also the ones not judged:
+its size does not depend on the data). An axis (datasets, sizes, variants) the grid does not vary is "not
+tested"; around a center each is read along the cells that vary it alone (linvit.claims.axes). Cells of the softmax control variant
 (`softmax` listed in `variants`: the attention-transfer setting without a softmax-to-linear boundary)
 are evaluated with the same tests but decide no claim; the report shows them beside each variant.
 
@@ -26,6 +27,7 @@ import math
 
 import pandas as pd
 
+from linvit.claims.axes import along
 from linvit.claims.roles import ROLES, RoleMatch, resolve_roles
 from linvit.claims.table import (C4_STATEMENT, CLAIMS, REFERENCE, Claim, Design, Test, Thresholds, claim_cells,
                                  linear_variants)
@@ -233,7 +235,7 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: paired.Settings,
         design: Design | None = None) -> ClaimVerdict:
     """C1-C3 together per linear cell and budget. Holds in a cell when all three hold there (an
     intersection-union rule: "holds everywhere" needs no correction, each test at alpha); fails when one
-    of them fails after Holm's correction across every (claim, cell, budget) of the grid, one family, so
+    of them fails after Holm's correction across every (claim, cell, budget) the grid lists, one family, so
     that more cells or more budgets never make a spurious failure anywhere more likely than alpha (the
     overall verdict and every budget's read the same corrected family); a triple without a p-value (not
     evaluable, too few seeds, no established benefit) still counts in the family's size, so the
@@ -252,7 +254,7 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: paired.Settings,
         # stop does not give; linvit.stats.sequential).
         # Each failure is read with every gate of its test's own decision (sequential.fails_at): a test that
         # cannot fail in its cell (zero variance, a share's benefit not established) cannot fail C4 there.
-        m = sum(len(parts) for parts in rows)
+        m = sum(len(parts) for parts in rows)  # every (claim, cell, budget) the grid lists
         k = {c.name: len(c.deciding) for c in CLAIMS}
         failures = [[p.claim for p in parts
                      if any(sequential.fails_at(t.looks, settings.alpha / (k[p.claim] * m), design.plan,
@@ -282,19 +284,18 @@ def _c4(verdicts: list[ClaimVerdict], config: dict, settings: paired.Settings,
             cell.outcome = sequential.FUTILE
         cells.append(cell)
     result = _overall("C4", C4_STATEMENT, cells, [])
-    axes = {"datasets": ("dataset", config["targets"]), "sizes": ("size", config["sizes"]),
-            "variants": ("variant", linear_variants(config))}
-    for axis, (column, values) in axes.items():
+    axes = {"datasets": config["targets"], "sizes": config["sizes"], "variants": linear_variants(config)}
+    for axis, values in axes.items():
         if len(values) < 2:
             result.axes[axis] = f"{NOT_TESTED} (the grid has one: {values[0] if values else 'none'})"
         else:
             per = []
-            for value in values:
-                word = outcome_word(outcome_counts([c for c in cells if getattr(c, column) == value]))
+            for value in values:  # around a center: along the cells that vary this axis alone (axes.along)
+                word = outcome_word(outcome_counts(along(cells, config, axis, value)))
                 per.append(f"{value}: {word}")
             result.axes[axis] = "; ".join(per)
     fixed = None
-    if all(len(values) < 2 for _, values in axes.values()):
+    if all(len(values) < 2 for values in axes.values()):
         # Nothing to hold "across": C4 is not tested, and so is each of its cells (one reading in every
         # column); a cell's parts still name C1-C3's outcomes there.
         fixed = result.verdict = f"{NOT_TESTED}: the grid varies no dataset, size or linear variant"

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from linvit.claims.roles import ATTN_ONLY, COPY_ALL, COPY_ATTN, COPY_MLP, COPY_MLP_DISTILL, MLP_ONLY, RANDOM
-from linvit.config import budgets, seed_sequence
+from linvit.config import budgets, grid_cells, seed_sequence
 from linvit.grid import CONTROL_VARIANT, REFERENCE_INIT
 from linvit.stats import sequential
 
@@ -145,9 +145,11 @@ class Thresholds:
 
 
 def claim_cells(config: dict) -> list[tuple[str, str, str, int]]:
-    """Every (dataset, size, variant, budget) cell, budget by budget (the control variant's too)."""
+    """Every (dataset, size, variant, budget) cell the grid lists (linvit.config.grid_cells: the full product
+    by default), budget by budget in the product's order (the control variant's too)."""
+    listed = grid_cells(config)
     return [(d, s, v, int(b)) for b in budgets(config) for d in config["targets"] for s in config["sizes"]
-            for v in config["variants"]]
+            for v in config["variants"] if (d, s, v, int(b)) in listed]
 
 
 def linear_variants(config: dict) -> list[str]:

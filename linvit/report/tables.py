@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 from linvit.claims.roles import COPY_MLP_DISTILL, RANDOM, is_baseline, resolve_roles, strategy_designs
-from linvit.config import NO_DESIGN, budgets, design_names, design_specs
+from linvit.config import NO_DESIGN, budgets, design_names, design_specs, grid_cells
 from linvit.grid import REFERENCE_INIT, REFERENCE_VARIANT, inits_of
 
 CELL = ["dataset", "size", "variant", "budget"]  # a claim cell: students and reference of one budget
@@ -240,9 +240,10 @@ def _first_step(curve: pd.DataFrame, target: float) -> float:
 
 
 def _cost_cells(config: dict) -> list[tuple[str, str, str, int]]:
-    """The claim cells, cell by cell (each cell's budgets side by side)."""
+    """The claim cells the grid lists (grid_cells), cell by cell (each cell's budgets side by side)."""
+    listed = grid_cells(config)
     return [(d, s, v, int(b)) for d in config["targets"] for s in config["sizes"] for v in config["variants"]
-            for b in budgets(config)]
+            for b in budgets(config) if (d, s, v, int(b)) in listed]
 
 
 def _select(frame: pd.DataFrame, variant: str, init: str, design: str) -> pd.DataFrame:

@@ -1,5 +1,6 @@
-"""The claims in words: the rules (generated from linvit.claims.table.CLAIMS), the verdict tables,
-the positive control, the minimum detectable effects and the roles, as markdown for the report."""
+"""The claims in words: the rules (generated from linvit.claims.table.CLAIMS), the verdict tables, the
+minimum detectable effects and the roles, as markdown for the report (the claims along the grid's axes, the
+verdict per budget and the positive control: linvit.report.axes_text)."""
 
 from __future__ import annotations
 
@@ -7,37 +8,23 @@ import math
 
 from linvit.claims.judge import intervals_over
 from linvit.claims.roles import resolve_roles
-from linvit.claims.table import CLAIMS, Thresholds, linear_variants
-from linvit.claims.verdicts import CONTROL_NARROWED, NOT_EVALUABLE, CellVerdict, ClaimVerdict, TestOutcome
+from linvit.claims.table import CLAIMS, Thresholds, claim_cells, linear_variants
+from linvit.claims.verdicts import NOT_EVALUABLE, CellVerdict, ClaimVerdict, TestOutcome
 from linvit.config import CHECKPOINTS, NO_DESIGN, ONE_TEACHER, PER_SEED, replicated, teacher_design
 from linvit.config import budgets
 from linvit.grid import CONTROL_VARIANT
+# The claims along the grid's axes, the verdict per budget and the positive control (axes_text), and the numbers'
+# words (statistic_text), are modules of their own; the report takes them from here too.
+from linvit.report.axes_text import axes_markdown, budget_markdown, control_markdown  # noqa: F401
+from linvit.report.statistic_text import STATISTICS as _STATISTICS, interval, number  # noqa: F401
 from linvit.stats import paired, sequential
 from linvit.stats.spending import spending_label
 
-_STATISTICS = {t.statistic.name: t.statistic for c in CLAIMS for t in c.tests}
 # What the report calls a test or claim cell that the engine leaves "continues" (sequential.CONTINUES) once the
 # sequence is over (linvit.report.decisions.displayed): no look will add seeds for it, so it cannot continue.
 UNDECIDED_AT_END = "undecided when the sequence ended"
 _THRESHOLD_KEYS = {"negligible": "`claims.negligible`", "most": "`claims.most`", "-margin": "`claims.margin`",
                    "zero": "0"}
-
-
-def number(name: str, x: float) -> str:
-    """A share in %, a difference in pp (signed); 'n/a' for NaN, ±inf as such."""
-    if x is None or math.isnan(x):
-        return "n/a"
-    if math.isinf(x):
-        return "+inf" if x > 0 else "-inf"
-    share = _STATISTICS[name].is_share if name in _STATISTICS else False
-    return f"{100 * x:+.1f}%" if share else f"{100 * x:+.2f} pp"
-
-
-def interval(t: TestOutcome) -> str:
-    """'+12.3% [+5.0%, +19.6%]'; the estimate alone when there is no interval."""
-    if math.isnan(t.low) or math.isnan(t.high):
-        return f"{number(t.name, t.estimate)} [no interval]"
-    return f"{number(t.name, t.estimate)} [{number(t.name, t.low)}, {number(t.name, t.high)}]"
 
 
 def _threshold_text(name: str, t: Thresholds) -> str:
@@ -69,12 +56,17 @@ def _by_value(values: dict[str, float], what: str) -> str:
 
 
 def _family(config: dict) -> str:
-    """C4's family: 'm = 3 (claims) x 2 (cells) x 1 (budget) = 6', or per cell for a config of `claims:` alone."""
+    """C4's family: 'm = 3 (claims) x 2 (cells) x 1 (budget) = 6' ('m = 3 claims x 5 linear cells listed in
+    `cells` (each with its budget) = 15' for a grid of `cells`), or per cell for a config of `claims:` alone."""
     try:
         cells = len(config["targets"]) * len(config["sizes"]) * len(linear_variants(config))
         n_budgets = len(budgets(config))
     except (KeyError, TypeError, ValueError):
         return f"m = {len(CLAIMS)} per (dataset, size, linear variant, budget) cell"
+    if config.get("cells") is not None:
+        listed = sum(c[2] != CONTROL_VARIANT for c in claim_cells(config))
+        return (f"m = {len(CLAIMS)} claims x {listed} linear cell{'s' if listed != 1 else ''} listed in `cells` "
+                f"(each with its budget) = {len(CLAIMS) * listed}")
     return (f"m = {len(CLAIMS)} claims x {cells} linear cell{'s' if cells != 1 else ''} x {n_budgets} "
             f"budget{'s' if n_budgets != 1 else ''} = {len(CLAIMS) * cells * n_budgets}")
 
@@ -220,10 +212,12 @@ def coverage_section(config: dict | None = None) -> str:
     return text
 
 
-def claims_markdown(verdicts: list[ClaimVerdict], plan: sequential.Plan | None = None) -> str:
+def claims_markdown(verdicts: list[ClaimVerdict], plan: sequential.Plan | None = None,
+                    config: dict | None = None) -> str:
     """One section per claim: statement, verdict, and per cell every test with its interval and MDE. Under a
     sequential `plan`, the verdict says per cell which test decided it and how close it was (decided_by), and a
-    note under each table says that the reported tests' intervals are fixed-n."""
+    note under each table says that the reported tests' intervals are fixed-n. With the `config`, C4's section
+    reads each claim along each axis the grid varies, after the grid's design (axes_markdown)."""
     parts = []
     notes = {c.name: c.note for c in CLAIMS}
     for v in verdicts:
@@ -238,6 +232,7 @@ def claims_markdown(verdicts: list[ClaimVerdict], plan: sequential.Plan | None =
             parts.append("\n".join(f"- `{c.key}`: {c.outcome} {text}" for c, text in how if text))
         if v.claim == "C4":
             parts.append("\n".join(f"- across {axis}: {text}" for axis, text in v.axes.items()))
+            parts.append(axes_markdown(verdicts, config) if config is not None else "")
             parts += [f"- `{c.key}`: {c.outcome}" + (f" ({c.why})" if c.why else "") + " — "
                       + ", ".join(f"{k} {o}" for k, o in c.parts.items()) for c in v.cells]
             continue
@@ -368,55 +363,6 @@ def claims_intervals(config: dict) -> str:
 def counts_text(counts: dict[str, int]) -> str:
     shown = [f"{n} {o}" for o, n in counts.items() if n]
     return "Cells: " + (", ".join(shown) if shown else "none") + "."
-
-
-def control_markdown(verdicts: list[ClaimVerdict], config: dict) -> str:
-    """The positive control: each attention and MLP statistic on softmax students (no boundary) beside
-    each linear variant, per dataset, size and budget."""
-    if CONTROL_VARIANT not in config["variants"]:
-        return ("The grid has no softmax control: add `softmax` to `variants` to see how much the attention "
-                "carries between softmax ViTs (the Attention Transfer setting) beside how much it carries across "
-                "the softmax-to-linear boundary.")
-    variants = [CONTROL_VARIANT, *linear_variants(config)]
-    header = ["dataset", "size", "budget", "statistic", *[f"{v} (control)" if v == CONTROL_VARIANT else v
-                                                          for v in variants]]
-    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for v in verdicts:
-        if v.claim == "C4":
-            continue
-        cells = {(c.dataset, c.size, c.budget, c.variant): c for c in [*v.controls, *v.cells]}
-        for dataset, size, budget in dict.fromkeys((c.dataset, c.size, c.budget) for c in v.controls):
-            for name in [t.name for t in v.controls[0].tests] if v.controls[0].tests else []:
-                if name in ("gap_closed",):
-                    continue
-                control = cells.get((dataset, size, budget, CONTROL_VARIANT))
-                narrowed = control.test(name) if control else None
-                if narrowed is not None and narrowed.note.startswith(CONTROL_NARROWED):
-                    continue  # the control does not run this statistic's strategies
-                values = []
-                for variant in variants:
-                    cell = cells.get((dataset, size, budget, variant))
-                    test = cell.test(name) if cell else None
-                    values.append("n/a" if test is None or test.outcome == NOT_EVALUABLE else interval(test))
-                rows.append(f"| {dataset} | {size} | {budget} | {v.claim} {_STATISTICS[name].label} | "
-                            + " | ".join(values) + " |")
-    plan = ("" if config.get("sequential") is None else
-            " Under the sequential plan a deciding statistic's interval is its last look's repeated interval, and a "
-            "reported one's a fixed-n t interval on the seeds the stopping rule chose, whose nominal level does not "
-            "hold under that rule.")
-    return ("The same statistics on softmax students (softmax-to-softmax: the Attention Transfer setting, where "
-            "attention weights are reported to transfer) beside each linear variant, with their intervals. If the "
-            "attention's share is large in the control and small across the boundary, the boundary is what stops "
-            f"it; if it is small in both, nothing transfers at this scale.{plan}\n\n" + "\n".join(rows))
-
-
-def budget_markdown(verdicts: list[ClaimVerdict]) -> str:
-    """Claim x budget: the verdict at each budget."""
-    budgets_ = [b["budget"] for b in verdicts[0].by_budget] if verdicts else []
-    rows = ["| claim | " + " | ".join(f"{b} steps" for b in budgets_) + " |", "|---|" + "---|" * len(budgets_)]
-    for v in verdicts:
-        rows.append(f"| {v.claim} | " + " | ".join(b["verdict"] for b in v.by_budget) + " |")
-    return "\n".join(rows)
 
 
 def roles_markdown(config: dict) -> str:

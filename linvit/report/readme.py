@@ -56,7 +56,7 @@ def render_readme(config: dict, runs: pd.DataFrame, summary: pd.DataFrame, verdi
         "## Figures\n\n" + _figures_section(figures),
         "## Claims\n\n" + _roles_section(config) + "\n\n### How the verdicts are reached\n\n"
         + rules_markdown(config) + "\n\n" + coverage_section(config) + "\n\n" + _budgets_section(shown)
-        + claims_markdown(shown, plan),
+        + claims_markdown(shown, plan, config),
         decisions_section(config, verdicts, jobs, results),  # '' under a fixed design
         "## Positive control\n\n" + control_markdown(shown, config),
         "## Distillation designs and baselines\n\n" + _designs_section(designs, config),

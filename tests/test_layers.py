@@ -157,3 +157,29 @@ def test_the_contract_sees_an_upward_import_and_a_circle():
             test_no_import_circle_in_the_package()
     finally:
         GRAPH["linvit.stats.paired"] = saved
+
+
+# --- the floors' sizes (issue 56): rooms a maintainer can read ----------------------------------------------
+def lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+@pytest.mark.parametrize("package", ["stats", "claims", "report"])
+def test_no_file_of_the_statistics_claims_or_report_is_over_450_lines(package):
+    long = {p.name: lines(p) for p in (PACKAGE / package).glob("*.py") if lines(p) > 450}
+    assert not long, long
+
+
+def test_the_report_is_at_most_a_fifth_of_the_package():
+    report = sum(lines(p) for p in (PACKAGE / "report").rglob("*.py"))
+    total = sum(lines(p) for p in PACKAGE.rglob("*.py"))
+    assert report <= 0.2 * total, f"linvit/report/ is {report} of {total} lines ({report / total:.0%})"
+
+
+def test_the_driver_reads_top_to_bottom():
+    """decide.Driver: no method over 50 lines (the loop in one screen, each step a method beside it)."""
+    tree = ast.parse((PACKAGE / "decide.py").read_text())
+    (driver,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Driver"]
+    long = {f.name: f.end_lineno - f.lineno + 1 for f in driver.body
+            if isinstance(f, ast.FunctionDef) and f.end_lineno - f.lineno + 1 > 50}
+    assert not long, long

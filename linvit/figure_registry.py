@@ -112,6 +112,12 @@ register_figure(
     "Test accuracy against the training budget (log2 axis), one line per init strategy and design through the mean "
     "over seeds, the softmax reference dashed.", "Accuracy")
 register_figure(
+    "claims_by_budget", "linvit.report.figures_c4:draw_claims_by_budget", ("verdicts", "config"),
+    "Each claim's deciding tests against the training budget (log2 axis) in one cell, the grid's center (else the "
+    "linear cell with the most budgets): the estimate and final interval at each budget (under a sequential plan the "
+    "repeated interval at the look it stopped or the last look read), marked by the test's outcome, the threshold "
+    "dashed: do the verdicts survive longer training? A grid with one budget draws its one column.", "Claims")
+register_figure(
     "fidelity_by_block", "linvit.report.figures_attention:draw_fidelity_by_block", ("runs", "config"),
     "Attention fidelity to the teacher per block at the largest budget (mean over seeds): KL(A ‖ Â) above, the maps' "
     "correlation below.", "Attention")
@@ -141,6 +147,13 @@ register_figure(
     "its estimate and paired interval (the claims' own, at `claims.level`); under a sequential plan its estimate and "
     "repeated interval at each look against the seeds of that look, the stopping look ringed. An unbounded end (a "
     "share whose benefit is not established) is clipped to the panel's edge.", "Claims")
+register_figure(
+    "c4_forest", "linvit.report.figures_c4:draw_c4_forest", ("verdicts", "config"),
+    "C4 at a glance: each deciding test's final interval in each linear cell against its threshold (dashed), one "
+    "panel per claim and test, one row per cell (around a center: named by the axis it moves), marked by the test's "
+    "outcome (holds, fails, continues or undecided within the cap, inconclusive or too few seeds): under a fixed "
+    "design the paired interval, under a sequential plan the repeated interval at the look it stopped or the last "
+    "look read, its look and seeds at the right. An unbounded end is clipped to the panel's edge.", "Claims")
 # No caption: the Operator scaling section's text above it says what it shows.
 register_figure("attention_scaling", "linvit.report.figures_cost:draw_attention_scaling", ("bench",), "", "Attention",
                 benchmark=True)

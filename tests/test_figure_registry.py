@@ -73,9 +73,9 @@ def test_the_report_rule_flags_its_figures_from_the_registry():
 
 def test_the_toy_is_gone_after_its_test_and_the_report_figures_keep_their_order():
     assert "toy_runs" not in figure_names(with_benchmark=True)
-    assert figure_names() == ("accuracy_by_init", "training_curves", "accuracy_by_budget", "fidelity_by_block",
-                              "attention_maps", "gap_closed_heatmap", "cost_to_accuracy", "accuracy_vs_throughput",
-                              "claim_tests")
+    assert figure_names() == ("accuracy_by_init", "training_curves", "accuracy_by_budget", "claims_by_budget",
+                              "fidelity_by_block", "attention_maps", "gap_closed_heatmap", "cost_to_accuracy",
+                              "accuracy_vs_throughput", "claim_tests", "c4_forest")
     assert figure_names(with_benchmark=True)[-1] == "attention_scaling"
 
 

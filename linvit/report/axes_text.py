@@ -45,8 +45,12 @@ def axes_markdown(verdicts: list[ClaimVerdict], config: dict) -> str:
     lines = [f"- {r.claim} by {_AXIS[r.axis]}: " + ", ".join(_value(r.axis, x, cells) for x, cells in r.values)
              for r in found]
     repeated = " (its last look's repeated interval)" if config.get("sequential") is not None else ""
+    budget = ("\n\nAlong the budgets, the figure `claims_by_budget` draws each deciding test's interval at each budget "
+              "against its threshold in one cell (the grid's center, else its linear cell with the most budgets), "
+              "beside `accuracy_by_budget`: do the verdicts survive longer training?"
+              if any(r.axis == "budgets" for r in found) else "")
     return (design_markdown(config) + " Each claim along each axis the grid varies, with the interval of each "
-            f"test that decides it in each cell{repeated}:\n\n" + "\n".join(lines))
+            f"test that decides it in each cell{repeated}:\n\n" + "\n".join(lines) + budget)
 
 
 def _value(axis: str, value, cells: list[CellVerdict]) -> str:

@@ -9,7 +9,9 @@ Figures section (or of its Operator scaling section). The families:
 - figures_attention: attention fidelity by block, class-token attention maps on the patch grid;
 - figures_cost: accuracy against cost (steps and wall-clock) and against measured throughput, and the
   operator benchmark's time against tokens;
-- figures_tests: every deciding test of the claims against its threshold;
+- figures_tests: every deciding test of the claims against its threshold, look by look;
+- figures_c4: C4 at a glance (every deciding test's final interval per linear cell, by outcome) and each
+  claim's deciding tests against the training budget at the grid's center;
 
 with figures_common's panels, styles and reading of runs and curves. The functions below named after a
 figure draw and save it from the inputs a caller holds (the tests', say); a new figure needs none.

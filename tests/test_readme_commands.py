@@ -366,10 +366,11 @@ def check_decide(command, match, tmp, capsys, comment):
     make a grid with a plan whose first look is the configured seeds, and the rest, Snakemake's own (a
     profile too), plan look 1 as that grid (a dry run: the driver runs Snakemake once per look)."""
     from linvit.decide import Driver
-    from linvit.decide_inputs import DEFAULT_CONFIGS, merged_config, split_args
+    from linvit.decide_inputs import DEFAULT_CONFIGS, grid_config, merged_config, split_args
 
     files, rest, _ = split_args(shlex.split(match["args"]))
-    files = [str(REPO / f) for f in files or DEFAULT_CONFIGS]
+    named, rest = grid_config([str(REPO / a) if a.endswith(".yaml") else a for a in rest])  # `decide CONFIG`
+    files = [str(REPO / f) for f in [*named, *files] or DEFAULT_CONFIGS]
     driver = Driver(merged_config(files), files, tmp / "results", tmp / "report")
     assert driver.plan.looks[0] == len(driver.config["seeds"])
     proc = subprocess.run(["snakemake", *rest, "-n", "--directory", str(tmp), "--configfile", *files], cwd=REPO,

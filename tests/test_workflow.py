@@ -273,6 +273,18 @@ def test_a_grid_of_one_axis_at_a_time_plans_only_its_cells(tmp_path):
     assert len(grid.student_cells(full)) == 2 * len(grid.student_cells(config))  # 8 cells of the product, 4 listed
     listed = {**full, "cells": [{"target": d, "size": "micro", "variant": v, "budget": b} for d, v, b in students]}
     assert grid.jobs(listed) == grid.jobs(config)  # the same cells listed one by one
+    # linvit status and linvit decide follow the same cells: status counts grid.jobs, a decide dry run of look 1
+    # plans them (two seeds: a plan's first look is at least two)
+    out = run(["linvit", "status", "--configfile", str(tmp_path / "grid.yaml"), "--directory", str(tmp_path)],
+              cwd=REPO)
+    assert f": {len(grid.jobs(config))} jobs, 0 finished" in out.stdout.splitlines()[0]
+    (tmp_path / "plan.yaml").write_text(yaml.safe_dump({"seeds": [0, 1], "sequential": {"looks": [2, 3]},
+                                                       "claims": {"min_seeds": 2}}))
+    out = run(["linvit", "decide", "-n", "--cores", "1", "--directory", str(tmp_path), "--configfile",
+               str(tmp_path / "grid.yaml"), str(tmp_path / "plan.yaml")], cwd=REPO)
+    counts = {k: v for k, v in job_counts(out.stdout).items() if k not in ("total", "all")}
+    assert counts == dict(pd.Series([j.rule for j in grid.jobs({**config, "seeds": [0, 1]})]).value_counts())
+    assert not (tmp_path / "results/decide/state.json").exists()
 
 
 def test_shell_commands_take_paths_from_declared_files_only():

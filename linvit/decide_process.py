@@ -4,8 +4,11 @@ Ctrl-C, waited for until it has stopped its jobs and removed its locks; its pid 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+
+from .decide_state import DecideError
 
 
 class Interrupted(KeyboardInterrupt):
@@ -21,6 +24,9 @@ def run_snakemake(cmd: list[str], lock=None, started=None) -> int:
     driver's own group would get a terminal's Ctrl-C twice; a SIGTERM makes it wait for its running jobs.)
     A second signal kills the group. `lock`: a file Snakemake holds open too; `started(pid)` is called
     once it runs."""
+    if shutil.which(cmd[0]) is None:  # else a bare "No such file or directory"
+        raise DecideError(f"{cmd[0]}: not found on PATH (linvit's environment puts it there: `source .venv/bin/activate`, "
+                          f"or run `bash setup.sh decide`)")
     child: subprocess.Popen | None = None
     got: list[int] = []
 

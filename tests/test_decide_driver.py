@@ -394,3 +394,13 @@ def test_a_read_only_results_folder_names_the_state_file(tmp_path, monkeypatch):
         driver.save_state(driver.load_state())
     assert str(err.value) == f"[Errno 13] cannot write {driver.state_path}: Permission denied"
     assert ".tmp" not in str(err.value) and tempfile.mkstemp is read_only
+
+
+def test_snakemake_missing_from_path_is_one_line(tmp_path, monkeypatch):
+    """A driver run outside linvit's environment: one line naming snakemake and how to get it on PATH."""
+    from linvit.decide_process import run_snakemake
+    from linvit.decide_state import DecideError
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(DecideError, match=r"^snakemake: not found on PATH .*source \.venv/bin/activate"):
+        run_snakemake(["snakemake", "-n"])

@@ -15,7 +15,8 @@ from test_claims_axes import AROUND_GRID, judged
 from test_report import STEPS
 from test_report_decisions import CPU, SEQ
 
-from linvit.claims.verdicts import NOT_EVALUABLE, CellVerdict, ClaimVerdict, TestOutcome
+from linvit.claims.verdicts import NOT_EVALUABLE, CellVerdict, ClaimVerdict
+from linvit.claims.verdicts import TestOutcome as Outcome  # not collected as a test class
 from linvit.config import grid_cells
 from linvit.figure_registry import figure
 from linvit.grid import jobs as grid_jobs
@@ -80,13 +81,13 @@ def sequential_verdicts() -> list[ClaimVerdict]:
 
     def cell(variant, tests):
         return CellVerdict("C1", "dsA", "tiny", variant, 100, CONTINUES, tests=tests)
-    cells = [cell("linA", [TestOutcome("attn_alone", CONTINUES, 0.3, 0.1, 0.5, threshold=0.25, side="<=",
+    cells = [cell("linA", [Outcome("attn_alone", CONTINUES, 0.3, 0.1, 0.5, threshold=0.25, side="<=",
                                        looks=[look(1, 3), look(2, 6)]),
-                           TestOutcome("attn_on_top", HOLDS, 0.1, -math.inf, 0.2, threshold=0.25, side="<=",
+                           Outcome("attn_on_top", HOLDS, 0.1, -math.inf, 0.2, threshold=0.25, side="<=",
                                        stopped=1, looks=[look(1, 3)])]),
-             cell("linB", [TestOutcome("attn_alone", FUTILE, 0.26, 0.05, 0.45, threshold=0.25, side="<=",
+             cell("linB", [Outcome("attn_alone", FUTILE, 0.26, 0.05, 0.45, threshold=0.25, side="<=",
                                        stopped=3, looks=[look(1, 3), look(2, 6), look(3, 10)]),
-                           TestOutcome("attn_on_top", NOT_EVALUABLE, note="no finished run of copy_mlp")])]
+                           Outcome("attn_on_top", NOT_EVALUABLE, note="no finished run of copy_mlp")])]
     return [ClaimVerdict("C1", cells=cells)]
 
 
@@ -109,7 +110,7 @@ def test_the_forest_under_a_plan_reads_the_final_look_and_says_what_is_not_evalu
 
 def test_the_forest_of_one_cell_has_a_row_per_test_and_nothing_to_draw_says_so():
     one = [ClaimVerdict("C1", cells=[CellVerdict("C1", "dsA", "tiny", "linA", 100, HOLDS, tests=[
-        TestOutcome("attn_alone", HOLDS, 0.1, 0.0, 0.2, threshold=0.25, side="<=", seeds=3)])])]
+        Outcome("attn_alone", HOLDS, 0.1, 0.0, 0.2, threshold=0.25, side="<=", seeds=3)])])]
     fig = draw_c4_forest(one, {})
     ax, = panels(fig)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["dsA/tiny/linA/steps100"]

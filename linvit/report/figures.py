@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
 
+import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -149,7 +150,9 @@ def save_figure(fig: Figure, stem: Path, dpi: float = DPI) -> list[Path]:
     paths = []
     for fmt in FIGURE_FORMATS:
         path = stem.with_suffix(f".{fmt}")
-        with atomic_path(path) as tmp:
+        # A fixed salt: matplotlib otherwise salts an SVG's clip-path ids with a fresh uuid, so the same
+        # figure would never come out byte-identical twice (a committed reference could not be regenerated).
+        with atomic_path(path) as tmp, matplotlib.rc_context({"svg.hashsalt": "linvit"}):
             fig.savefig(tmp, format=fmt, dpi=dpi, metadata=FORMAT_METADATA.get(fmt), bbox_inches="tight")
         paths.append(path)
     return paths

@@ -19,7 +19,7 @@ import yaml
 
 from linvit import figure_registry, grid
 from linvit.bench import bench_grid
-from linvit.config import kd_reference
+from linvit.config import grid_cells, kd_reference
 from linvit.attention import available_variants
 
 from conftest import BIN, REPO, patient, run
@@ -260,8 +260,13 @@ def test_a_grid_of_one_axis_at_a_time_plans_only_its_cells(tmp_path):
     config.update(variants=["focused", "elu"], cells={"around": {"target": "synthetic", "size": "micro",
                                                                  "variant": "focused", "budget": 3}})
     (tmp_path / "grid.yaml").write_text(yaml.safe_dump(config))
-    out = snakemake(tmp_path, "-n", "--cores", "2", "--configfile", str(tmp_path / "grid.yaml"))
+    out = snakemake(tmp_path, "-n", "-p", "--cores", "2", "--configfile", str(tmp_path / "grid.yaml"))
     assert_plan_is_grid_jobs(out.stdout, config)
+    # The report judges the same cells: its rule hands it `cells` (without it the claims read the product's
+    # cells, the unlisted ones "not evaluable", and C4's family is the product's).
+    command = next(line for line in (out.stdout + out.stderr).splitlines() if "linvit report --config-json" in line)
+    words = shlex.split(command.strip())
+    assert grid_cells(json.loads(words[words.index("--config-json") + 1])) == grid_cells(config)
     students = {(c.dataset, c.variant, c.budget) for c in grid.student_cells(config)}
     assert students == {("synthetic", "focused", 3), ("synthetic_b", "focused", 3), ("synthetic", "elu", 3),
                         ("synthetic", "focused", 6)}

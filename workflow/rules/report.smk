@@ -5,7 +5,7 @@ import glob
 
 from linvit import figure_registry
 
-REPORT_CFG = job_config("targets", "sizes", "variants", "inits", "control_inits", "seeds", "budgets", "distills",
+REPORT_CFG = job_config("targets", "sizes", "variants", "cells", "inits", "control_inits", "seeds", "budgets", "distills",
                         "distill_designs", "distill.loss", "student.train.steps", "student.train.batch_size",
                         "teacher", "teachers", "datasets", "init_strategies", "claims", "sequential", "added_seeds",
                         "decide_look", "dropped_runs")

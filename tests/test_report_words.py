@@ -149,6 +149,16 @@ def test_the_end_is_read_from_the_tests_where_no_driver_recorded_it(tmp_path):
     assert "This report is look 2's" in decisions and "the sequence ends with it." in decisions
 
 
+def test_a_recorded_look_made_again_is_named_as_that_look(tmp_path):
+    """The report of look 1 made again after the driver recorded it and stopped before look 2 ran (its look.yaml's
+    `decide_look` 1, the state's next look 2): it reads look 1, and says that look 2 has not run."""
+    results = state(tmp_path / "results", 1, {"look": 2, "added": [], "waiting": ["a", "b"]})
+    decisions = markdown(evaluate({**CONFIG, "decide_look": 1}, reference_like(), None, results))
+    assert ("This report reads look 1 again, as recorded; look 2, for the 2 tests undecided after look 1, has not "
+            "run: rerun `linvit decide` to run it.") in decisions
+    assert "This report is look" not in decisions
+
+
 def test_a_test_whose_later_runs_were_not_read_does_not_wait_for_a_next_look(tmp_path):
     """The sequence ran to look 2, but C3's test was read at look 1 only (a run of look 2 invalid): the engine says
     "continues" and the old words promised that the next look adds seeds, under "The sequence is finished"."""

@@ -57,6 +57,7 @@ class Decisions:
     problems: list[str] = field(default_factory=list)
     ended: bool = False  # the sequence is over: no look adds seeds after this report's (see `_ended`)
     last_look: int = 0  # the last look run (recorded by the driver, or read by a test)
+    reading: int | None = None  # the look this report reads (config `decide_look`, written by the driver)
 
 
 def deciding_tests(verdicts: list[ClaimVerdict]) -> list[tuple[str, str, str, TestOutcome]]:
@@ -75,7 +76,8 @@ def evaluate(config: dict, verdicts: list[ClaimVerdict], jobs: pd.DataFrame | No
     tests = [_decision(claim, key, outcome, t, design) for claim, key, outcome, t in deciding_tests(verdicts)]
     spending = decisions_cost.spending(config, jobs, plan.cap) if jobs is not None else \
         decisions_cost.Spending([], plan.cap)
-    out = Decisions(plan, paired.Settings.from_config(config).alpha, tests, spending)
+    out = Decisions(plan, paired.Settings.from_config(config).alpha, tests, spending,
+                    reading=config.get("decide_look"))
     try:
         state = read_state(".", results)  # the driver's own record and reader
     except DecideError as err:
@@ -235,11 +237,15 @@ def _looks_run(d: Decisions) -> str:
     if not d.next_look:
         after = " The sequence is finished."
     else:
-        k = d.next_look.get("look")
-        # the report of a look is made before the driver records that look
-        after = (" This report is look 1's, the grid as configured." if k == 1 else
-                 f" This report is look {k}'s, run for the {len(d.next_look.get('waiting') or [])} tests undecided "
-                 f"after look {k - 1}.")
+        k, waiting = d.next_look.get("look"), len(d.next_look.get("waiting") or [])
+        # the report of a look is made before the driver records that look, unless it is made again afterwards
+        # (`decide_look` an earlier look's: a driver stopped before its next look ran)
+        if d.reading is not None and d.reading < k:
+            after = (f" This report reads look {d.reading} again, as recorded; look {k}, for the {waiting} tests "
+                     f"undecided after look {k - 1}, has not run: rerun `linvit decide` to run it.")
+        else:
+            after = (" This report is look 1's, the grid as configured." if k == 1 else
+                     f" This report is look {k}'s, run for the {waiting} tests undecided after look {k - 1}.")
         if d.next_look.get("cells_added"):
             after += (f" Cells added before it ({', '.join(d.next_look['cells_added'])}) have every seed up to it, "
                       f"and their tests are read at every look on that look's seeds.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -263,3 +264,23 @@ def test_an_undecided_test_is_said_with_its_interval(outcome):
     text = decided_by(c1_cell(outcome), PLAN)
     word = "undecided within the cap" if outcome == FUTILE else "undecided"
     assert text.endswith(f"attention added on top of everything else (symmetric) {word} at [+13.8%, +62.8%]")
+
+
+def test_the_readmes_c4_table_is_the_c4_references_own():
+    """README.md's table of C4's grid gives, per claim and axis, the words of the committed reference
+    (report/reference_c4): C1-C3 as its C4 section's per-axis lines without their intervals, C4 as its
+    claims.json's axes and its center's cells at each budget."""
+    reference = ROOT / "report" / "reference_c4"
+    lines = {}
+    for m in re.finditer(r"^- (C[123]) by (\w+): (.*)$", (reference / "README.md").read_text(), re.M):
+        lines[m[1], m[2]] = re.sub(r" \((?:[^()]|\([^()]*\))*\)", "", m[3])  # "elu fails (attn_alone ...)" -> "elu fails"
+    assert len(lines) == 12
+    table = {row.split(" | ")[0][2:]: row.strip("| ").split(" | ")[1:]
+             for row in (ROOT / "README.md").read_text().splitlines()
+             if re.match(r"\| C[1-4] \| .*(digits|nano)", row)}
+    for claim in ("C1", "C2", "C3"):
+        assert table[claim] == [lines[claim, axis] for axis in ("dataset", "size", "variant", "budget")], claim
+    c4 = next(v for v in json.loads((reference / "claims.json").read_text()) if v["claim"] == "C4")
+    center = [c for c in c4["cells"] if (c["dataset"], c["size"], c["variant"]) == ("fmnist_5to9", "micro", "elu")]
+    assert table["C4"] == [c4["axes"][a] for a in ("datasets", "sizes", "variants")] + [
+        ", ".join(f"{c['budget']} steps {c['outcome']}" for c in sorted(center, key=lambda c: c["budget"]))]

@@ -155,6 +155,7 @@ def test_fresh_clone_plans_the_whole_grid_and_ships_no_rule_output(tmp_path):
             shutil.copy2(REPO / rel, clone / rel)
     assert (clone / "report/reference/README.md").exists()  # the reference runs are still shipped
     assert (clone / "report/reference_decide/state.json").exists()
+    assert (clone / "report/reference_c4/state.json").exists()
     out = snakemake(clone, "-n", "--cores", "2", snakefile=str(clone / "Snakefile"))
     text = out.stdout + out.stderr
     assert "Nothing to be done" not in text

@@ -509,7 +509,8 @@ def _snakemake_line(grid: GridStatus) -> str:
                 f"beside them); let them end or stop them, then unlock" + (f"; {run}" if run else ""))
     if s.locked:
         return ("not running, but its locks are left in .snakemake/locks (a killed run): "
-                "`snakemake --unlock` before the next run" + (f"; {run}" if run else ""))
+                "`snakemake --unlock` before the next run, and run it with `--rerun-incomplete` (a killed job's "
+                "outputs are marked incomplete)" + (f"; {run}" if run else ""))
     return "not running" + (f"; {run}" if run else "")
 
 
